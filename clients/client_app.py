@@ -1,0 +1,112 @@
+"""The ClientApp: unpack a message, call the algorithm's client, pack the reply.
+
+Message types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, plus
+``query.info`` (partition id and data sizes, used by the server to map nodes to
+partitions), ``query.initial`` (the seeded initial shared arrays) and
+``query.moments`` (linear FedRep's Method-of-Moments statistic).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    MetricRecordValues,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
+
+from clients import client_class
+from fedpers import protocol
+from fedpers.config import RunConfig
+
+app = ClientApp()
+
+
+def _client(context: Context) -> Any:
+    """This node's client of the run's algorithm (``clients.client_class``)."""
+    run = RunConfig.from_mapping(context.run_config)
+    if "partition-id" not in context.node_config:
+        raise KeyError(
+            "node config lacks 'partition-id': start the SuperNode with "
+            '--node-config "partition-id=<i> num-partitions=<n>"'
+        )
+    return client_class(run)(run, int(context.node_config["partition-id"]), context.state)
+
+
+def _arrays(msg: Message) -> dict[str, np.ndarray]:
+    if protocol.ARRAYS not in msg.content.array_records:
+        return {}
+    return {
+        name: array.numpy()
+        for name, array in msg.content.array_records[protocol.ARRAYS].items()
+    }
+
+
+def _config(msg: Message) -> ConfigRecord:
+    if protocol.CONFIG in msg.content.config_records:
+        return msg.content.config_records[protocol.CONFIG]
+    return ConfigRecord()
+
+
+def _reply(
+    msg: Message, arrays: dict[str, np.ndarray] | None, metrics: dict[str, float]
+) -> Message:
+    values: dict[str, MetricRecordValues] = dict(metrics)
+    content = RecordDict({protocol.METRICS: MetricRecord(values)})
+    if arrays is not None:
+        content[protocol.ARRAYS] = ArrayRecord(
+            {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
+        )
+    return Message(content=content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training."""
+    arrays, metrics = _client(context).fit(_arrays(msg), _config(msg))
+    return _reply(msg, arrays, metrics)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Test metrics with the server's shared arrays and this node's personal parts."""
+    return _reply(msg, None, _client(context).evaluate(_arrays(msg), _config(msg)))
+
+
+@app.query("info")
+def info(msg: Message, context: Context) -> Message:
+    """Which partition this node holds, and how many samples."""
+    client = _client(context)
+    num_train, num_test = client.sizes()
+    return _reply(
+        msg,
+        None,
+        {
+            protocol.PARTITION_ID: float(client.partition_id),
+            protocol.NUM_TRAIN: float(num_train),
+            protocol.NUM_TEST: float(num_test),
+        },
+    )
+
+
+@app.query("initial")
+def initial(msg: Message, context: Context) -> Message:
+    """The seeded initial values of the shared model parts."""
+    return _reply(msg, _client(context).initial_arrays(), {})
+
+
+@app.query("moments")
+def moments(msg: Message, context: Context) -> Message:
+    """Linear FedRep's Method-of-Moments statistic."""
+    client = _client(context)
+    return _reply(
+        msg, client.moments(), {protocol.NUM_EXAMPLES: float(client.run.linear_samples)}
+    )

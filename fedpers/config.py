@@ -1,0 +1,260 @@
+"""The run configuration: parsed once from ``context.run_config``, typed, validated.
+
+Defaults live in exactly one place, ``[tool.flwr.app.config]`` in pyproject.toml.
+Flower merges them with ``--run-config`` overrides before the apps see them; the
+launcher in ``simulations/`` merges them itself (``default_run_config``) so that a bad
+value stops a run before Flower or Ray start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedpers.data.registry import DATASETS, MODEL_INPUTS
+from fedpers.protocol import LINEAR_ALGORITHMS, LINEAR_ONLY, Algorithm
+
+PARTITIONERS = ("classes", "dirichlet", "lognormal")
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+class ConfigError(ValueError):
+    """A run-config value that cannot work; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every key of ``[tool.flwr.app.config]`` as a typed attribute.
+
+    Attribute names are the keys with ``-`` replaced by ``_``. See README.md
+    ("Configuration") for what each key means.
+    """
+
+    algorithm: str
+    dataset: str
+    model: str
+    data_root: str
+    partitioner: str
+    num_clients: int
+    classes_per_client: int
+    dirichlet_alpha: float
+    lognormal_sigma: float
+    samples_per_client: int
+    num_rounds: int
+    fraction_train: float
+    final_rounds: int
+    round_timeout: float
+    node_wait_timeout: float
+    epochs: int
+    head_epochs: int
+    finetune_epochs: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    batch_size: int
+    client_threads: int
+    linear_dim: int
+    linear_rank: int
+    linear_samples: int
+    linear_noise_std: float
+    linear_lr: float
+    linear_head_steps: int
+    linear_head_lr: float
+    seed: int
+    results_dir: str
+    run_name: str
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Parse and validate a run config (kebab-case keys, TOML scalar values).
+
+        Raises
+        ------
+        ConfigError
+            On a missing or unknown key, a value of the wrong type, or a value outside
+            what the key allows. The message names the key and what is allowed.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        given = {key.replace("-", "_"): value for key, value in values.items()}
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            keys = ", ".join(k.replace("_", "-") for k in unknown)
+            raise ConfigError(
+                f"unknown run-config key(s): {keys}. Every key must exist in "
+                "[tool.flwr.app.config] of pyproject.toml."
+            )
+        missing = sorted(set(fields) - set(given))
+        if missing:
+            keys = ", ".join(k.replace("_", "-") for k in missing)
+            raise ConfigError(
+                f"run config lacks key(s): {keys}; they are defined in "
+                "[tool.flwr.app.config] of pyproject.toml."
+            )
+        kwargs = {name: _coerce(name, given[name], f.type) for name, f in fields.items()}
+        config = cls(**kwargs)
+        config._validate()
+        return config
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def is_linear(self) -> bool:
+        """True for the linear representation-learning tasks of FedRep's Section 4."""
+        return self.dataset == "linear"
+
+    @property
+    def model_name(self) -> str:
+        """The model, with ``auto`` resolved to the data set's default."""
+        return DATASETS[self.dataset].default_model if self.model == "auto" else self.model
+
+    @property
+    def num_classes(self) -> int:
+        """Number of labels of the data set."""
+        return DATASETS[self.dataset].num_classes
+
+    @property
+    def clients_per_round(self) -> int:
+        """Clients sampled for training each round (at least one)."""
+        return max(1, round(self.fraction_train * self.num_clients))
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The run config with its original kebab-case keys (for ``config.json``)."""
+        return {
+            f.name.replace("_", "-"): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        }
+
+    # --------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        _one_of("algorithm", self.algorithm, [a.value for a in Algorithm])
+        _one_of("dataset", self.dataset, list(DATASETS))
+        _one_of("model", self.model, ["auto", *MODEL_INPUTS])
+        _one_of("partitioner", self.partitioner, list(PARTITIONERS))
+        _at_least("num-clients", self.num_clients, 1)
+        _at_least("num-rounds", self.num_rounds, 1)
+        _at_least("final-rounds", self.final_rounds, 1)
+        _at_least("epochs", self.epochs, 0)
+        _at_least("head-epochs", self.head_epochs, 0)
+        _at_least("finetune-epochs", self.finetune_epochs, 0)
+        _at_least("batch-size", self.batch_size, 1)
+        _at_least("client-threads", self.client_threads, 1)
+        _at_least("samples-per-client", self.samples_per_client, 1)
+        if not 0.0 < self.fraction_train <= 1.0:
+            raise ConfigError(
+                f"run-config key 'fraction-train' = {self.fraction_train} is outside "
+                "(0, 1]; it is the fraction of clients sampled for training each round."
+            )
+        for key in ("lr", "round-timeout", "node-wait-timeout", "dirichlet-alpha"):
+            _positive(key, getattr(self, key.replace("-", "_")))
+        for key in ("momentum", "weight-decay", "lognormal-sigma"):
+            _at_least(key, getattr(self, key.replace("-", "_")), 0.0)
+        if self.momentum >= 1.0:
+            raise ConfigError(f"run-config key 'momentum' = {self.momentum} must be < 1.")
+
+        algorithm = Algorithm(self.algorithm)
+        if self.is_linear:
+            if algorithm not in LINEAR_ALGORITHMS:
+                allowed = ", ".join(sorted(a.value for a in LINEAR_ALGORITHMS))
+                raise ConfigError(
+                    f"run-config key 'algorithm' = '{self.algorithm}' has no linear "
+                    f"variant; with dataset='linear' choose one of: {allowed}."
+                )
+            if self.model not in ("auto", "linear"):
+                raise ConfigError(
+                    f"run-config key 'model' = '{self.model}' does not fit "
+                    "dataset='linear'; use model='linear' or 'auto'."
+                )
+            self._validate_linear()
+            return
+        if algorithm in LINEAR_ONLY:
+            raise ConfigError(
+                f"run-config key 'algorithm' = '{self.algorithm}' exists only for the "
+                "linear model; set dataset='linear' or choose fedavg for deep models."
+            )
+        data_shape = DATASETS[self.dataset].input_shape
+        if MODEL_INPUTS[self.model_name] != data_shape:
+            fitting = [m for m, shape in MODEL_INPUTS.items() if shape == data_shape]
+            raise ConfigError(
+                f"run-config key 'model' = '{self.model}' does not take the inputs of "
+                f"dataset='{self.dataset}'; use 'auto' or one of: {', '.join(fitting)}."
+            )
+        if self.partitioner in ("classes", "lognormal") and not (
+            1 <= self.classes_per_client <= self.num_classes
+        ):
+            raise ConfigError(
+                f"run-config key 'classes-per-client' = {self.classes_per_client} must be "
+                f"between 1 and the {self.num_classes} classes of dataset="
+                f"'{self.dataset}'."
+            )
+
+    def _validate_linear(self) -> None:
+        _at_least("linear-dim", self.linear_dim, 1)
+        _at_least("linear-rank", self.linear_rank, 1)
+        _at_least("linear-samples", self.linear_samples, 1)
+        _at_least("linear-head-steps", self.linear_head_steps, 0)
+        _at_least("linear-noise-std", self.linear_noise_std, 0.0)
+        _positive("linear-lr", self.linear_lr)
+        _positive("linear-head-lr", self.linear_head_lr)
+        if self.linear_rank > self.linear_dim:
+            raise ConfigError(
+                f"run-config key 'linear-rank' = {self.linear_rank} exceeds "
+                f"'linear-dim' = {self.linear_dim}; the representation is d x k, k <= d."
+            )
+
+
+def default_run_config(pyproject: Path = PYPROJECT) -> dict[str, Any]:
+    """The defaults of ``[tool.flwr.app.config]`` (for launchers and tests)."""
+    with pyproject.open("rb") as handle:
+        return dict(tomllib.load(handle)["tool"]["flwr"]["app"]["config"])
+
+
+def load_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Defaults merged with ``overrides`` (kebab-case keys), parsed and validated."""
+    merged = default_run_config()
+    for key, value in (overrides or {}).items():
+        if key not in merged:
+            raise ConfigError(
+                f"unknown run-config key '{key}'; known keys: {', '.join(sorted(merged))}."
+            )
+        merged[key] = value
+    return RunConfig.from_mapping(merged)
+
+
+# ----------------------------------------------------------------------- helpers
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    key = name.replace("_", "-")
+    kind = {"int": int, "float": float, "str": str, "bool": bool}[str(annotation)]
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(float(value)):
+            raise ConfigError(f"run-config key '{key}' = {value} must be a finite number.")
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(
+        f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
+        f"it must be {kind.__name__}."
+    )
+
+
+def _one_of(key: str, value: str, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(
+            f"run-config key '{key}' = '{value}' is not allowed; choose one of: "
+            f"{', '.join(allowed)}."
+        )
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"run-config key '{key}' = {value} must be at least {low}.")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"run-config key '{key}' = {value} must be greater than 0.")

@@ -1,0 +1,128 @@
+"""Models split into a shared-or-personal ``body`` and ``head``.
+
+Every model is a ``SplitModel``: ``forward(x) = head(body(x))``, and its parameter names
+start with ``body.`` or ``head.``, which is how algorithms declare what they share
+(``fedpers.protocol.SHARED_PARTS``). The zoo holds the FedRep paper's networks (CIFAR-10
+and CIFAR-100 CNNs without BatchNorm, the FEMNIST MLP), small MLPs for MNIST-1D and the
+digits, and the linear representation model of Section 4.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class SplitModel(nn.Module):
+    """``head(body(x))`` with the two parts addressable by name."""
+
+    def __init__(self, body: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def mlp(
+    sizes: list[int], *, final_activation: bool = True, dropout: float = 0.0
+) -> nn.Sequential:
+    """Linear layers of the given sizes with ReLU between them."""
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2 or final_activation:
+            layers.append(nn.ReLU())
+    if dropout > 0:
+        layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+def _mnist1d_mlp(num_classes: int) -> SplitModel:
+    return SplitModel(mlp([40, 128, 64]), nn.Linear(64, num_classes))
+
+
+def _digits_mlp(num_classes: int) -> SplitModel:
+    return SplitModel(mlp([64, 128, 64]), nn.Linear(64, num_classes))
+
+
+def _femnist_mlp(num_classes: int) -> SplitModel:
+    """FedRep's FEMNIST MLP 784-512-256-64 | 64-C (plain logits: no softmax before CE)."""
+    return SplitModel(
+        nn.Sequential(nn.Flatten(), mlp([784, 512, 256, 64])), nn.Linear(64, num_classes)
+    )
+
+
+def _cifar10_cnn(num_classes: int) -> SplitModel:
+    """FedRep's CIFAR-10 CNN: 2 conv 5x5 (64) + pool, fc 1600-120-64 | 64-C, no BN."""
+    body = nn.Sequential(
+        nn.Conv2d(3, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), mlp([1600, 120, 64]),
+    )  # fmt: skip
+    return SplitModel(body, nn.Linear(64, num_classes))
+
+
+def _cifar100_cnn(num_classes: int) -> SplitModel:
+    """FedRep's CIFAR-100 CNN: conv 64, 128, fc 3200-256-128, dropout 0.6 | 128-C."""
+    body = nn.Sequential(
+        nn.Conv2d(3, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), mlp([3200, 256, 128], dropout=0.6),
+    )  # fmt: skip
+    return SplitModel(body, nn.Linear(128, num_classes))
+
+
+def linear_model(dim: int, rank: int) -> SplitModel:
+    """FedRep's linear model y = w^T B^T x: body weight B^T (k x d), head w^T.
+
+    Kept for a uniform model zoo; the linear experiments use its array names with numpy.
+    """
+    return SplitModel(nn.Linear(dim, rank, bias=False), nn.Linear(rank, 1, bias=False))
+
+
+MODELS: dict[str, Callable[[int], SplitModel]] = {
+    "mnist1d-mlp": _mnist1d_mlp,
+    "digits-mlp": _digits_mlp,
+    "femnist-mlp": _femnist_mlp,
+    "cifar10-cnn": _cifar10_cnn,
+    "cifar100-cnn": _cifar100_cnn,
+}
+
+
+def build_model(name: str, num_classes: int, seed: int) -> SplitModel:
+    """The model ``name`` with weights drawn from ``seed``, equal in every process.
+
+    The global torch RNG is left as it was.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name](num_classes)
+
+
+def part_arrays(model: nn.Module, parts: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Copies of the parameters (and buffers) of the named parts as numpy arrays."""
+    return {
+        name: tensor.detach().cpu().numpy().copy()
+        for name, tensor in model.state_dict().items()
+        if name.split(".", 1)[0] in parts
+    }
+
+
+def load_part_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Overwrite the named parameters from numpy arrays; shapes must match exactly."""
+    state = model.state_dict()
+    for name, array in arrays.items():
+        if name not in state:
+            raise KeyError(f"model has no parameter '{name}'")
+        if tuple(state[name].shape) != tuple(array.shape):
+            raise ValueError(
+                f"parameter '{name}' has shape {tuple(state[name].shape)}, "
+                f"received {tuple(array.shape)}"
+            )
+        state[name].copy_(torch.as_tensor(array))

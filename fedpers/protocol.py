@@ -1,0 +1,94 @@
+"""What crosses the wire between a ServerApp and a ClientApp, defined once.
+
+`strategies` and `clients` never import each other; both import these names. An
+algorithm is declared here by its name and by which parts of the model it shares
+with the server: everything else stays on the device in ``context.state``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Algorithm(StrEnum):
+    """Every algorithm a run can name in its ``algorithm`` key."""
+
+    FEDREP = "fedrep"
+    FEDPER = "fedper"
+    FEDAVG = "fedavg"
+    FEDAVG_FT = "fedavg-ft"
+    LG_FEDAVG = "lg-fedavg"
+    LOCAL = "local"
+    FEDSGD = "fedsgd"
+
+
+# The model is split into a `body` (representation) and a `head`; an algorithm shares
+# a subset of these parts with the server and keeps the rest personal.
+BODY = "body"
+HEAD = "head"
+MODEL_PARTS: tuple[str, ...] = (BODY, HEAD)
+
+SHARED_PARTS: dict[Algorithm, tuple[str, ...]] = {
+    Algorithm.FEDREP: (BODY,),
+    Algorithm.FEDPER: (BODY,),
+    Algorithm.FEDAVG: (BODY, HEAD),
+    Algorithm.FEDAVG_FT: (BODY, HEAD),
+    Algorithm.LG_FEDAVG: (HEAD,),
+    Algorithm.LOCAL: (),
+    Algorithm.FEDSGD: (BODY, HEAD),
+}
+
+# Algorithms that exist only for the linear representation model (Section 4 of FedRep).
+LINEAR_ONLY: frozenset[Algorithm] = frozenset({Algorithm.FEDSGD})
+# Algorithms that have a linear variant; the others need a deep model.
+LINEAR_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.FEDREP, Algorithm.FEDSGD})
+
+
+def shared_parts(algorithm: str) -> tuple[str, ...]:
+    """Model parts (``body``/``head``) that ``algorithm`` sends to the server."""
+    return SHARED_PARTS[Algorithm(algorithm)]
+
+
+def personal_parts(algorithm: str) -> tuple[str, ...]:
+    """Model parts that ``algorithm`` keeps on the device."""
+    shared = shared_parts(algorithm)
+    return tuple(part for part in MODEL_PARTS if part not in shared)
+
+
+def part_of(array_name: str) -> str:
+    """The model part of a parameter name such as ``body.0.weight``."""
+    return array_name.split(".", 1)[0]
+
+
+# ---- Message types beyond Flower's plain TRAIN / EVALUATE -------------------------
+QUERY_INFO = "query.info"  # partition id and sizes of a node
+QUERY_INITIAL = "query.initial"  # the seeded initial shared arrays
+QUERY_MOMENTS = "query.moments"  # Method-of-Moments statistics (linear FedRep)
+
+# ---- Record names inside a message's RecordDict ----------------------------------
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+# ---- Keys of the ConfigRecord the server sends ------------------------------------
+ROUND = "server-round"
+EPOCHS = "epochs"
+HEAD_EPOCHS = "head-epochs"
+FINETUNE_EPOCHS = "finetune-epochs"
+LR = "lr"
+MOMENTUM = "momentum"
+WEIGHT_DECAY = "weight-decay"
+BATCH_SIZE = "batch-size"
+LINEAR_HEAD_STEPS = "linear-head-steps"
+LINEAR_HEAD_LR = "linear-head-lr"
+
+# ---- Keys of the MetricRecord a client replies with -------------------------------
+NUM_EXAMPLES = "num-examples"
+NUM_TRAIN = "num-train-examples"
+NUM_TEST = "num-test-examples"
+PARTITION_ID = "partition-id"
+LOSS = "loss"
+ACCURACY = "accuracy"
+
+# ---- context.state keys on the device ---------------------------------------------
+STATE_PERSONAL = "fedpers.personal"

@@ -1,0 +1,248 @@
+"""The results directory of a run, progress lines, and plots.
+
+Every run writes ``<results-dir>/<run-name>/``:
+- ``config.json``: the resolved run configuration, written before round 1;
+- ``rounds.jsonl``: one JSON object per round, appended and flushed as the round ends
+  (round, wall seconds, aggregated train / evaluate / server metrics, reply counts);
+- ``summary.json``: final metrics, written atomically when the run ends;
+- PNG plots of the per-round metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+ROUNDS_FILE = "rounds.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class RoundRecord:
+    """What one round did, as written to ``rounds.jsonl``.
+
+    ``sampled``/``replies``/``failures`` count the training messages of the round,
+    ``evaluated`` the nodes whose evaluation was aggregated; ``train_seconds`` and
+    ``evaluate_seconds`` split the round's wall time between the two exchanges.
+    """
+
+    round: int
+    seconds: float
+    train: dict[str, float] = field(default_factory=dict)
+    evaluate: dict[str, float] = field(default_factory=dict)
+    server: dict[str, float] = field(default_factory=dict)
+    sampled: int = 0
+    replies: int = 0
+    failures: int = 0
+    evaluated: int = 0
+    train_seconds: float = 0.0
+    evaluate_seconds: float = 0.0
+
+
+class ResultsExistError(FileExistsError):
+    """The run directory already holds results that a new run would overwrite."""
+
+
+def run_directory(results_dir: str, run_name: str) -> Path:
+    """The absolute directory of a run (relative ``results_dir``: from the cwd)."""
+    return (Path(results_dir).expanduser() / run_name).resolve()
+
+
+class RunRecorder:
+    """Writes a run's results directory and logs one progress line per round.
+
+    Parameters
+    ----------
+    directory : Path
+        The run directory; must not hold results of another run.
+    config : Mapping
+        The resolved run configuration, written to ``config.json``.
+    name : str
+        Label of the progress lines (the algorithm).
+    total_rounds : int
+        Number of rounds, for the ETA.
+    progress_metric : str
+        Which metric the progress line shows (``evaluate.accuracy``, ...).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: Mapping[str, Any],
+        *,
+        name: str,
+        total_rounds: int,
+        progress_metric: str,
+    ) -> None:
+        if (directory / SUMMARY_FILE).exists() or (directory / ROUNDS_FILE).exists():
+            raise ResultsExistError(
+                f"{directory} already holds the results of a run; choose another "
+                "run-name or results-dir, or remove that directory"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.name = name
+        self.total_rounds = total_rounds
+        self.progress_metric = progress_metric
+        self.records: list[RoundRecord] = []
+        self.started = time.monotonic()
+        _write_json_atomic(directory / CONFIG_FILE, dict(config))
+
+    def record(self, record: RoundRecord) -> None:
+        """Append a round to ``rounds.jsonl`` and log its progress line."""
+        self.records.append(record)
+        with (self.directory / ROUNDS_FILE).open("a") as handle:
+            handle.write(
+                json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n"
+            )
+            handle.flush()
+        logger.info(self.progress_line(record))
+
+    def progress_line(self, record: RoundRecord) -> str:
+        """``name | round r/T | elapsed | ETA | metric`` for one round."""
+        elapsed = time.monotonic() - self.started
+        done = len(self.records)
+        # Round 1 carries the start-up of the simulation: estimate from the others.
+        steady = [r.seconds for r in self.records[1:]] or [r.seconds for r in self.records]
+        eta = (self.total_rounds - record.round) * (sum(steady) / len(steady))
+        value = metric_value(record, self.progress_metric)
+        shown = self.progress_metric.split(".", 1)[-1]
+        failures = f" | failures {record.failures}" if record.failures else ""
+        return (
+            f"{self.name} | round {record.round}/{self.total_rounds} | elapsed "
+            f"{_clock(elapsed)} | ETA {_clock(eta if done else math.nan)} | "
+            f"{shown} {value:.4g}{failures}"
+        )
+
+    def finish(
+        self, summary: Mapping[str, Any], plots: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """Write ``summary.json`` and one PNG per metric in ``plots``."""
+        final = {
+            **summary,
+            "rounds": len(self.records),
+            "wall_seconds": time.monotonic() - self.started,
+        }
+        _write_json_atomic(self.directory / SUMMARY_FILE, final)
+        for metric in plots:
+            plot_rounds(
+                [(self.name, self.records)],
+                metric,
+                self.directory / f"{metric.replace('.', '_')}.png",
+            )
+        return final
+
+
+def metric_value(record: RoundRecord, metric: str) -> float:
+    """``record``'s value of ``section.key`` (``evaluate.accuracy``), NaN if absent."""
+    section, key = metric.split(".", 1)
+    value = getattr(record, section).get(key)
+    return math.nan if value is None else float(value)
+
+
+def final_mean(records: list[RoundRecord], metric: str, last: int) -> float:
+    """Mean of ``metric`` over the last ``last`` rounds that report it."""
+    values = [v for r in records if not math.isnan(v := metric_value(r, metric))]
+    if not values:
+        return math.nan
+    tail = values[-last:]
+    return sum(tail) / len(tail)
+
+
+def read_rounds(directory: Path) -> list[RoundRecord]:
+    """The round records of a run directory."""
+    lines = (directory / ROUNDS_FILE).read_text().splitlines()
+    return [RoundRecord(**json.loads(line)) for line in lines if line.strip()]
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The resolved run configuration (``config.json``) of a run directory."""
+    return json.loads((directory / CONFIG_FILE).read_text())
+
+
+def read_summary(directory: Path) -> dict[str, Any]:
+    """The ``summary.json`` of a run directory."""
+    return json.loads((directory / SUMMARY_FILE).read_text())
+
+
+def plot_rounds(
+    runs: list[tuple[str, list[RoundRecord]]],
+    metric: str,
+    path: Path,
+    *,
+    title: str = "",
+    log_scale: bool | None = None,
+) -> None:
+    """One line per run of ``metric`` against the round; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    if log_scale is None:
+        log_scale = "distance" in metric or "loss" in metric
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    for label, records in runs:
+        points = [(r.round, metric_value(r, metric)) for r in records]
+        points = [(x, y) for x, y in points if not math.isnan(y)]
+        if points:
+            axes.plot(*zip(*points, strict=True), label=label)
+    axes.set_xlabel("round")
+    axes.set_ylabel(metric.split(".", 1)[-1])
+    if log_scale:
+        axes.set_yscale("log")
+    if title:
+        axes.set_title(title)
+    axes.grid(alpha=0.3)
+    if len(runs) > 1:
+        axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write JSON atomically (a crash leaves the old file or the new one, never half)."""
+    _write_json_atomic(path, dict(payload))
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = json.dumps(_finite_or_null(payload), indent=2, sort_keys=True, allow_nan=False)
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+def _finite_or_null(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def _clock(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "--:--"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return (
+        f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+        if hours
+        else f"{rest // 60:02d}:{rest % 60:02d}"
+    )

@@ -1,0 +1,179 @@
+"""The one training loop and the one evaluation loop, used by every client.
+
+An algorithm's local update is a sequence of calls to ``train`` that differ only in
+which model parts are trainable (FedRep: the head, then the body; FedPer and FedAvg:
+both at once). Parts that are not trainable are truly frozen: they are left out of the
+optimizer, so neither momentum nor weight decay can move them, and autograd does not
+compute their gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """Local optimizer settings (a fresh SGD optimizer per ``train`` call).
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate.
+    momentum : float
+        Heavy-ball momentum.
+    weight_decay : float
+        L2 penalty on weights (tensors with 2 or more dimensions), not on biases.
+    batch_size : int
+        Mini-batch size.
+    """
+
+    lr: float
+    momentum: float
+    weight_decay: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one ``train`` call did: mean loss of its last epoch, samples, steps."""
+
+    loss: float
+    num_examples: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class EvalStats:
+    """Mean loss, accuracy and number of test samples."""
+
+    loss: float
+    accuracy: float
+    num_examples: int
+
+
+def train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    parts: tuple[str, ...],
+    epochs: int,
+    settings: SGDSettings,
+    generator: torch.Generator,
+    sample_weights: torch.Tensor | None = None,
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+) -> TrainStats:
+    """Train the parameters of ``parts`` for ``epochs`` passes over ``(x, y)``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Model whose parameter names start with a part name (``body.``, ``head.``).
+    x, y : torch.Tensor
+        Inputs and integer labels, already on the model's device.
+    parts : tuple of str
+        Model parts to train; every other parameter stays exactly as it is.
+    epochs : int
+        Passes over the data, each in a fresh random order from ``generator``.
+    settings : SGDSettings
+        Optimizer settings.
+    generator : torch.Generator
+        Source of the batch order and of augmentation.
+    sample_weights : torch.Tensor, optional
+        Per-sample loss weights; the batch loss is ``sum(w * CE) / batch size``
+        (FedGMM's and FedEM's responsibility-weighted learner update).
+    augment : callable, optional
+        Batch transform ``(x_batch, generator) -> x_batch`` applied in training only.
+    """
+    trainable = [
+        (name, p) for name, p in model.named_parameters() if name.split(".", 1)[0] in parts
+    ]
+    if not trainable or epochs == 0 or len(y) == 0:
+        return TrainStats(loss=float("nan"), num_examples=len(y), steps=0)
+    trainable_ids = {id(p) for _, p in trainable}
+    previous = {id(p): p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable_ids)
+    optimizer = torch.optim.SGD(
+        [
+            {
+                "params": [p for _, p in trainable if p.ndim >= 2],
+                "weight_decay": settings.weight_decay,
+            },
+            {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=settings.lr,
+        momentum=settings.momentum,
+    )
+    model.train()
+    steps = 0
+    try:
+        for _ in range(epochs):
+            order = torch.randperm(len(y), generator=generator)
+            epoch_loss, seen = 0.0, 0
+            for start in range(0, len(y), settings.batch_size):
+                index = order[start : start + settings.batch_size]
+                xb, yb = x[index], y[index]
+                if augment is not None:
+                    xb = augment(xb, generator)
+                losses = F.cross_entropy(model(xb), yb, reduction="none")
+                if sample_weights is not None:
+                    losses = losses * sample_weights[index]
+                loss = losses.mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                epoch_loss += loss.item() * len(index)
+                seen += len(index)
+                steps += 1
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(previous[id(p)])
+    return TrainStats(loss=epoch_loss / max(seen, 1), num_examples=len(y), steps=steps)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024
+) -> EvalStats:
+    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
+    if len(y) == 0:
+        return EvalStats(loss=float("nan"), accuracy=float("nan"), num_examples=0)
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(y), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == target).sum())
+    return EvalStats(
+        loss=total_loss / len(y), accuracy=correct / len(y), num_examples=len(y)
+    )
+
+
+def random_crop_flip(
+    padding: int = 4,
+) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor]:
+    """CIFAR augmentation of the FedRep paper: random crop with zero padding, h-flip."""
+
+    def augment(xb: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, _, h, w = xb.shape
+        padded = F.pad(xb, (padding, padding, padding, padding))
+        dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+        dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+        rows = (dy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w)[None, :])[:, None, None, :]
+        batch = torch.arange(n)[:, None, None, None]
+        channels = torch.arange(xb.shape[1])[None, :, None, None]
+        out = padded[batch, channels, rows, cols]
+        flip = torch.rand(n, generator=generator) < 0.5
+        out[flip] = out[flip].flip(-1)
+        return out
+
+    return augment

@@ -1,0 +1,319 @@
+"""Run fedpers through the real Flower stack: a local SuperLink + `flwr run`.
+
+``LocalSimulation`` starts its own ``flower-superlink --simulation`` (so it knows the
+PID), points a private ``FLWR_HOME`` at it, runs ``flwr run . --stream`` once per
+experiment, and on exit stops the SuperLink and every process it started, by PID and
+process group. Every run has the environment this machine needs: no runtime
+dependency installation (Flower would otherwise ``uv sync`` torch from PyPI),
+telemetry and update checks off, its own ``FLWR_HOME`` and ``RAY_TMPDIR`` inside the
+project. The run config is validated before Flower or Ray start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedpers.config import RunConfig, load_run_config
+from fedpers.results import SUMMARY_FILE, ResultsExistError, run_directory
+
+PROJECT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+logger = logging.getLogger(__name__)
+
+# The progress lines of fedpers.results.RunRecorder, as they come out of `flwr run`.
+PROGRESS = re.compile(r"\| round \d+/\d+ \|")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class FlowerRunError(RuntimeError):
+    """A Flower run ended without writing its summary."""
+
+
+def flower_environment(home: Path) -> dict[str, str]:
+    """The environment every Flower process of this project runs with."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_TMPDIR=str(PROJECT / ".ray"),
+        RAY_DEDUP_LOGS="0",
+        PYTHONUNBUFFERED="1",
+        MPLBACKEND="Agg",
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalSimulation:
+    """A local simulation SuperLink owned by this process, and runs submitted to it.
+
+    Use as a context manager; the SuperLink and its process group are stopped on exit,
+    also after an error.
+
+    Parameters
+    ----------
+    echo : callable, optional
+        Receives each progress line of a run (default: print to stdout).
+    keep_home : bool (default: False)
+        Keep the private FLWR_HOME (installed app copies, SuperLink log) after exit.
+    """
+
+    def __init__(
+        self, *, echo: Callable[[str], None] | None = None, keep_home: bool = False
+    ) -> None:
+        self.echo = echo or (lambda line: print(line, flush=True))
+        self.keep_home = keep_home
+        self.home = PROJECT / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._log: TextIO | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> LocalSimulation:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the SuperLink and wait until its HTTP API answers."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        (PROJECT / ".ray").mkdir(exist_ok=True)
+        self.port = free_port()
+        (self.home / "config.toml").write_text(
+            '[superlink]\ndefault = "fedpers"\n\n[superlink.fedpers]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self._log = (self.home / "superlink.log").open("w")
+        command = [
+            str(BIN / "flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--control-api-address",
+            f"127.0.0.1:{free_port()}",
+            "--database",
+            str(self.home / "state.db"),
+        ]
+        self.process = subprocess.Popen(
+            command,
+            env=flower_environment(self.home),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=PROJECT,
+            start_new_session=True,  # its own process group: stopped as a whole
+        )
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                log = (self.home / "superlink.log").read_text()[-3000:]
+                self.stop()
+                raise FlowerRunError(f"flower-superlink did not start:\n{log}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/health", timeout=0.5
+            ) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, grace: float = 15.0) -> None:
+        """Stop the SuperLink and everything in its process group, by PID."""
+        if self.process is not None:
+            # The SuperLink leads its own session and process group.
+            stop_process_group(self.process.pid, grace=grace, reap=self.process.poll)
+            self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if not self.keep_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    # ----------------------------------------------------------------------- runs
+    def run(
+        self,
+        overrides: Mapping[str, Any],
+        *,
+        num_supernodes: int | None = None,
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> Path:
+        """Run one experiment; return its results directory.
+
+        Parameters
+        ----------
+        overrides : Mapping
+            Run-config keys to change from the defaults of pyproject.toml.
+        num_supernodes : int, optional
+            Virtual nodes; defaults to the run's ``num-clients``.
+        cpus_per_client, gpus_per_client : int, float
+            Ray resources per ClientApp (whole CPUs; GPUs may be fractional).
+        """
+        if self.process is None:
+            raise RuntimeError(
+                "LocalSimulation.run called outside `with LocalSimulation()`"
+            )
+        config = resolved_config(overrides)
+        directory = run_directory(config.results_dir, config.run_name)
+        if (directory / SUMMARY_FILE).exists():
+            raise ResultsExistError(f"{directory} already holds results; remove it first")
+        run_config_file = self.home / f"run-{config.run_name}.toml"
+        run_config_file.write_text(to_toml(config.to_mapping()))
+        nodes = num_supernodes or config.num_clients
+        federation = (
+            f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client} "
+            f"client-resources-num-gpus={gpus_per_client}"
+        )
+        command = [
+            str(BIN / "flwr"),
+            "run",
+            str(PROJECT),
+            "fedpers",
+            "--run-config",
+            str(run_config_file),
+            "--federation-config",
+            federation,
+            "--stream",
+        ]
+        log_path = self.home / f"run-{config.run_name}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                command,
+                env=flower_environment(self.home),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=PROJECT,
+            )
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                if PROGRESS.search(line):
+                    self.echo(_strip_log_prefix(line))
+            code = process.wait()
+        if (directory / SUMMARY_FILE).exists():
+            shutil.copy(log_path, directory / "flower.log")
+            return directory
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
+        raise FlowerRunError(
+            f"run '{config.run_name}' wrote no summary (flwr exit {code}):\n{tail}"
+        )
+
+    def run_all(
+        self, runs: Sequence[Mapping[str, Any]], *, parallel: int = 1, **kwargs: Any
+    ) -> list[Path]:
+        """Run several experiments, ``parallel`` of them at a time; directories in order.
+
+        Every run config is validated before the first run starts. Concurrent runs
+        share the CPUs, so their wall times are not comparable with sequential ones:
+        time measurements use ``parallel=1``.
+        """
+        for overrides in runs:
+            resolved_config(overrides)
+        if parallel <= 1:
+            return [self.run(overrides, **kwargs) for overrides in runs]
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            return list(pool.map(lambda overrides: self.run(overrides, **kwargs), runs))
+
+
+def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:
+    """Validated run config with an absolute results-dir and a run-name."""
+    values = dict(overrides)
+    values["results-dir"] = str(
+        Path(values.get("results-dir", "results")).expanduser().resolve()
+    )
+    config = load_run_config(values)
+    if not config.run_name:
+        config = load_run_config(
+            {**values, "run-name": f"{config.algorithm}-{config.dataset}"}
+        )
+    if config.data_root:
+        config = load_run_config(
+            {
+                **values,
+                "run-name": config.run_name,
+                "data-root": str(Path(config.data_root).resolve()),
+            }
+        )
+    return config
+
+
+def to_toml(values: Mapping[str, Any]) -> str:
+    """Flat TOML of scalar values (str, bool, int, finite float)."""
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = repr(value)
+        else:
+            text = json.dumps(str(value))
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def stop_process_group(
+    group: int, *, grace: float = 15.0, reap: Callable[[], object] | None = None
+) -> None:
+    """SIGTERM the process group ``group``; SIGKILL what is left after ``grace`` s.
+
+    ``reap`` (the leader's ``Popen.poll``) collects the leader once it exits, so that a
+    zombie does not keep the group looking alive.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _group_alive(group):
+        if reap is not None:
+            reap()
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _strip_log_prefix(line: str) -> str:
+    line = ANSI.sub("", line).rstrip()
+    return line.split("INFO :", 1)[-1].strip() if "INFO :" in line else line

@@ -1,0 +1,320 @@
+"""What every fedpers strategy adds to Flower's FedAvg.
+
+- The population: wait until every expected node is registered (Flower starts the
+  ServerApp before all virtual nodes are up), then ask each node which partition it
+  holds (``query.info``), so that sampling is by partition id and reproducible.
+- Sampling: a fixed fraction of the partitions each round, drawn from the run seed.
+- Messages carry only the shared model parts; the algorithm's split is declared in
+  ``fedpers.protocol.SHARED_PARTS``.
+- Evaluation on ALL nodes every round (global shared parts + each node's own parts),
+  weighted by test samples (FedAvg's ``num-examples`` weighting).
+- ``start`` runs Flower's round loop and reports each round to an ``on_round``
+  callback (the results writer), outside of any aggregation code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import ClassVar
+
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+
+from fedpers import protocol
+from fedpers.protocol import Algorithm
+from fedpers.results import RoundRecord
+from fedpers.seeding import rng
+
+logger = logging.getLogger(__name__)
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+class PopulationError(RuntimeError):
+    """The nodes that registered do not form the federation the run expects."""
+
+
+class FedpersStrategy(FedAvg):
+    """FedAvg with a known population, seeded sampling and full evaluation.
+
+    Parameters
+    ----------
+    num_nodes : int
+        Number of nodes (partitions) the run expects; training waits for all of them.
+    fraction_train : float (default: 0.1)
+        Fraction of the nodes sampled for training each round (at least one node).
+    seed : int (default: 0)
+        Seed of the per-round sample.
+    evaluate_nodes : bool (default: True)
+        Send EVALUATE to every node each round. Off for runs evaluated on the server.
+    """
+
+    algorithm: ClassVar[Algorithm]
+
+    def __init__(
+        self,
+        *,
+        num_nodes: int,
+        fraction_train: float = 0.1,
+        seed: int = 0,
+        evaluate_nodes: bool = True,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=1.0 if evaluate_nodes else 0.0,
+            min_train_nodes=1,
+            min_evaluate_nodes=1 if evaluate_nodes else 0,
+            min_available_nodes=num_nodes,
+            arrayrecord_key=protocol.ARRAYS,
+            configrecord_key=protocol.CONFIG,
+            weighted_by_key=protocol.NUM_EXAMPLES,
+        )
+        self.num_nodes = num_nodes
+        self.seed = seed
+        self.evaluate_nodes = evaluate_nodes
+        self.shared = protocol.shared_parts(self.algorithm)
+        self.node_of_partition: dict[int, int] = {}
+        self.train_sizes: dict[int, int] = {}
+        self.test_sizes: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ population
+    def connect(self, grid: Grid, *, timeout: float, poll: float = 0.2) -> None:
+        """Wait for ``num_nodes`` nodes, then learn each node's partition id."""
+        deadline = time.monotonic() + timeout
+        last_count = -1
+        while (count := len(list(grid.get_node_ids()))) < self.num_nodes:
+            if time.monotonic() > deadline:
+                raise PopulationError(
+                    f"only {count} of the {self.num_nodes} expected nodes registered "
+                    f"within {timeout:.0f} s. In simulation pass --federation-config "
+                    f'"num-supernodes={self.num_nodes}"; in deployment start that many '
+                    "SuperNodes, or lower num-clients."
+                )
+            if count != last_count:
+                logger.info("waiting for nodes: %d of %d registered", count, self.num_nodes)
+                last_count = count
+            time.sleep(poll)
+        node_ids = sorted(grid.get_node_ids())
+        replies = self.query(grid, protocol.QUERY_INFO, node_ids, timeout=timeout)
+        for node_id, reply in zip(node_ids, replies, strict=True):
+            metrics = reply.content.metric_records[protocol.METRICS]
+            partition = int(metrics[protocol.PARTITION_ID])  # type: ignore[arg-type]
+            if partition in self.node_of_partition:
+                raise PopulationError(
+                    f"nodes {self.node_of_partition[partition]} and {node_id} both hold "
+                    f"partition {partition}: give each SuperNode its own partition-id"
+                )
+            self.node_of_partition[partition] = node_id
+            self.train_sizes[partition] = int(metrics[protocol.NUM_TRAIN])  # type: ignore[arg-type]
+            self.test_sizes[partition] = int(metrics[protocol.NUM_TEST])  # type: ignore[arg-type]
+        missing = sorted(set(range(self.num_nodes)) - set(self.node_of_partition))
+        if missing:
+            raise PopulationError(
+                f"no node holds partition(s) {missing[:10]}; expected partitions "
+                f"0..{self.num_nodes - 1} (num-partitions = num-clients = {self.num_nodes})"
+            )
+        logger.info(
+            "%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1
+        )
+
+    def query(
+        self,
+        grid: Grid,
+        message_type: str,
+        node_ids: list[int],
+        *,
+        timeout: float,
+        content: RecordDict | None = None,
+    ) -> list[Message]:
+        """Send one query to each node; every node must answer without error."""
+        messages = [
+            Message(
+                content=content or RecordDict(), message_type=message_type, dst_node_id=n
+            )
+            for n in node_ids
+        ]
+        replies = {
+            r.metadata.src_node_id: r
+            for r in grid.send_and_receive(messages, timeout=timeout)
+        }
+        failed = [
+            f"node {n}: {replies[n].error.reason if n in replies else 'no reply'}"
+            for n in node_ids
+            if n not in replies or replies[n].has_error()
+        ]
+        if failed:
+            raise PopulationError(
+                f"{message_type} failed on {len(failed)} node(s): " + "; ".join(failed[:5])
+            )
+        return [replies[n] for n in node_ids]
+
+    def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
+        """The shared parts of the seeded initial model, as built by partition 0's node.
+
+        Every process builds the same model from the seed, so the server needs no model
+        code (and no torch) to start.
+        """
+        if not self.shared:
+            return ArrayRecord()
+        (reply,) = self.query(
+            grid, protocol.QUERY_INITIAL, [self.node_of_partition[0]], timeout=timeout
+        )
+        return reply.content.array_records[protocol.ARRAYS]
+
+    # -------------------------------------------------------------------- sampling
+    def sample(self, server_round: int) -> list[int]:
+        """Partition ids trained in ``server_round`` (seeded, sorted)."""
+        count = max(1, round(self.fraction_train * self.num_nodes))
+        chosen = rng(self.seed, "sample", server_round).choice(
+            self.num_nodes, count, replace=False
+        )
+        return sorted(int(p) for p in chosen)
+
+    def in_partition_order(self, replies: Iterable[Message]) -> list[Message]:
+        """Replies sorted by partition id: aggregation sums floats in a fixed order, so
+        the result does not depend on which node answered first."""
+        partition_of = {node: p for p, node in self.node_of_partition.items()}
+        return sorted(replies, key=lambda r: partition_of.get(r.metadata.src_node_id, -1))
+
+    def _messages(
+        self, node_ids: Iterable[int], arrays: ArrayRecord, config: ConfigRecord, kind: str
+    ) -> list[Message]:
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return [Message(content=record, message_type=kind, dst_node_id=n) for n in node_ids]
+
+    # ---------------------------------------------------------- Flower's interface
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """TRAIN to this round's sample, carrying the shared arrays and the settings."""
+        config[protocol.ROUND] = server_round
+        nodes = [self.node_of_partition[p] for p in self.sample(server_round)]
+        return self._messages(nodes, arrays, config, MessageType.TRAIN)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """EVALUATE to every node (or none when the run is evaluated on the server)."""
+        if not self.evaluate_nodes:
+            return []
+        config[protocol.ROUND] = server_round
+        return self._messages(
+            sorted(self.node_of_partition.values()), arrays, config, MessageType.EVALUATE
+        )
+
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        logger.info(
+            "%s: %d nodes, %.0f%% trained per round (%d), shared parts %s, seed %d",
+            type(self).__name__,
+            self.num_nodes,
+            100 * self.fraction_train,
+            max(1, round(self.fraction_train * self.num_nodes)),
+            list(self.shared) or "none",
+            self.seed,
+        )
+
+    # ------------------------------------------------------------------ round loop
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        on_round: Callable[[RoundRecord], None] | None = None,
+    ) -> Result:
+        """Flower's round loop (train, aggregate, evaluate), reporting every round.
+
+        Same contract as ``flwr.serverapp.strategy.Strategy.start``, plus ``on_round``,
+        called with a ``RoundRecord`` after each round.
+        """
+        self.summary()
+        result = Result()
+        arrays = initial_arrays
+        result.arrays = arrays
+        if evaluate_fn is not None and (metrics := evaluate_fn(0, arrays)) is not None:
+            result.evaluate_metrics_serverapp[0] = metrics
+        for server_round in range(1, num_rounds + 1):
+            started = time.monotonic()
+            messages = list(
+                self.configure_train(
+                    server_round, arrays, ConfigRecord(dict(train_config or {})), grid
+                )
+            )
+            replies = self.in_partition_order(
+                grid.send_and_receive(messages, timeout=timeout)
+            )
+            succeeded = sum(not r.has_error() for r in replies)
+            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            if new_arrays is not None:
+                arrays = new_arrays
+                result.arrays = arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[server_round] = train_metrics
+            evaluate_messages = list(
+                self.configure_evaluate(
+                    server_round, arrays, ConfigRecord(dict(evaluate_config or {})), grid
+                )
+            )
+            trained = time.monotonic()
+            evaluate_metrics, evaluated = None, 0
+            if evaluate_messages:
+                evaluate_replies = self.in_partition_order(
+                    grid.send_and_receive(evaluate_messages, timeout=timeout)
+                )
+                evaluated = sum(not r.has_error() for r in evaluate_replies)
+                evaluate_metrics = self.aggregate_evaluate(server_round, evaluate_replies)
+            if evaluate_metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
+            server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn else None
+            if server_metrics is not None:
+                result.evaluate_metrics_serverapp[server_round] = server_metrics
+            if on_round is not None:
+                on_round(
+                    RoundRecord(
+                        round=server_round,
+                        seconds=time.monotonic() - started,
+                        train=_plain(train_metrics),
+                        evaluate=_plain(evaluate_metrics),
+                        server=_plain(server_metrics),
+                        sampled=len(messages),
+                        replies=succeeded,
+                        failures=len(messages) - succeeded,
+                        evaluated=evaluated,
+                        train_seconds=trained - started,
+                        evaluate_seconds=time.monotonic() - trained,
+                    )
+                )
+        return result
+
+    def final_evaluation(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        *,
+        server_round: int,
+        timeout: float,
+    ) -> MetricRecord | None:
+        """An extra evaluation after the last round (the +FT baselines); none by default."""
+        return None
+
+
+def _plain(metrics: MetricRecord | None) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}

@@ -1,0 +1,142 @@
+"""The ServerApp: read the run config once, build the strategy, run it, write results."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedpers import linear, protocol
+from fedpers.config import RunConfig
+from fedpers.data.synthetic import LinearTasks
+from fedpers.logs import route_to_flower
+from fedpers.results import RunRecorder, final_mean, run_directory
+from strategies import build_strategy
+from strategies.base import EvaluateFn
+
+logger = logging.getLogger(__name__)
+app = ServerApp()
+
+DISTANCE = "principal-angle-distance"
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run one algorithm for ``num-rounds`` rounds and write its results directory."""
+    route_to_flower()
+    config = RunConfig.from_mapping(context.run_config)
+    run_name = (
+        config.run_name
+        or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    directory = run_directory(config.results_dir, run_name)
+    progress = f"server.{DISTANCE}" if config.is_linear else "evaluate.accuracy"
+    recorder = RunRecorder(
+        directory,
+        {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
+        name=run_name,
+        total_rounds=config.num_rounds,
+        progress_metric=progress,
+    )
+    logger.info("results of this run: %s", directory)
+    strategy = build_strategy(config)
+    strategy.connect(grid, timeout=config.node_wait_timeout)
+    initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
+    evaluate_fn = _distance_to_truth(config) if config.is_linear else None
+    evaluate_config = _evaluate_config(config)
+    result = strategy.start(
+        grid,
+        initial,
+        num_rounds=config.num_rounds,
+        timeout=config.round_timeout,
+        train_config=_train_config(config),
+        evaluate_config=evaluate_config,
+        evaluate_fn=evaluate_fn,
+        on_round=recorder.record,
+    )
+    final = strategy.final_evaluation(
+        grid,
+        result.arrays,
+        evaluate_config,
+        server_round=config.num_rounds + 1,
+        timeout=config.round_timeout,
+    )
+    _save_arrays(directory / "final_arrays.npz", result.arrays)
+    if config.is_linear:
+        distances = [r.server[DISTANCE] for r in recorder.records]
+        initial_distance = result.evaluate_metrics_serverapp[0][DISTANCE]
+        below = [r.round for r in recorder.records if r.server[DISTANCE] < 1e-2]
+        summary: dict[str, object] = {
+            "initial_principal_angle_distance": initial_distance,
+            "final_principal_angle_distance": distances[-1],
+            "first_round_below_0.01": below[0] if below else None,
+        }
+    else:
+        before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
+        summary = {"final_accuracy": before}
+        if final is not None:
+            summary = {
+                "final_accuracy": float(final[protocol.ACCURACY]),  # type: ignore[arg-type]
+                "final_accuracy_before_finetune": before,
+            }
+    summary["algorithm"] = config.algorithm
+    summary["final_train_loss"] = final_mean(
+        recorder.records, "train.loss", config.final_rounds
+    )
+    written = recorder.finish(summary, plots=[progress])
+    logger.info("summary: %s", written)
+
+
+def _train_config(config: RunConfig) -> ConfigRecord:
+    return ConfigRecord(
+        {
+            protocol.EPOCHS: config.epochs,
+            protocol.HEAD_EPOCHS: config.head_epochs,
+            protocol.LR: config.linear_lr if config.is_linear else config.lr,
+            protocol.MOMENTUM: config.momentum,
+            protocol.WEIGHT_DECAY: config.weight_decay,
+            protocol.BATCH_SIZE: config.batch_size,
+            protocol.LINEAR_HEAD_STEPS: config.linear_head_steps,
+            protocol.LINEAR_HEAD_LR: config.linear_head_lr,
+        }
+    )
+
+
+def _evaluate_config(config: RunConfig) -> ConfigRecord:
+    return ConfigRecord(
+        {
+            protocol.FINETUNE_EPOCHS: 0,
+            protocol.LR: config.lr,
+            protocol.MOMENTUM: config.momentum,
+            protocol.WEIGHT_DECAY: config.weight_decay,
+            protocol.BATCH_SIZE: config.batch_size,
+        }
+    )
+
+
+def _distance_to_truth(config: RunConfig) -> EvaluateFn:
+    """Principal angle distance of the global representation to the ground truth.
+
+    The experiment's oracle: ``B*`` is regenerated from the seed, as every client does
+    to draw its samples; it plays no part in training.
+    """
+    truth = LinearTasks(
+        config.linear_dim, config.linear_rank, config.linear_noise_std, config.seed
+    ).representation
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        estimate = arrays["body.weight"].numpy().T
+        return MetricRecord({DISTANCE: linear.principal_angle_distance(estimate, truth)})
+
+    return evaluate
+
+
+def _save_arrays(path: Path, arrays: ArrayRecord) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as handle:
+        np.savez(handle, **{n: a.numpy() for n, a in arrays.items()})  # type: ignore[arg-type]
+    tmp.replace(path)

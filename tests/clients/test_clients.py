@@ -1,0 +1,182 @@
+"""Clients: what each algorithm trains, shares and keeps, checked on real models."""
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+from numpy.testing import assert_allclose, assert_array_equal
+
+from clients import client_class
+from fedpers import linear, protocol
+from fedpers.config import RunConfig
+from fedpers.data.synthetic import LinearTasks
+from fedpers.seeding import rng
+from tests.helpers import run_config
+
+TRAIN = {
+    protocol.ROUND: 1,
+    protocol.EPOCHS: 1,
+    protocol.HEAD_EPOCHS: 2,
+    protocol.LR: 0.05,
+    protocol.MOMENTUM: 0.5,
+    protocol.WEIGHT_DECAY: 1e-4,
+    protocol.BATCH_SIZE: 10,
+    protocol.LINEAR_HEAD_STEPS: 0,
+    protocol.LINEAR_HEAD_LR: 0.4,
+}
+
+
+def _client(
+    algorithm: str, state: RecordDict | None = None, partition: int = 0, **overrides: Any
+) -> Any:
+    run = RunConfig.from_mapping(
+        run_config(algorithm=algorithm, dataset="digits", num_clients=10, **overrides)
+    )
+    return client_class(run)(run, partition, RecordDict() if state is None else state)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "shared", "kept"),
+    [
+        ("fedrep", {"body"}, {"head"}),
+        ("fedper", {"body"}, {"head"}),
+        ("fedavg", {"body", "head"}, set()),
+        ("lg-fedavg", {"head"}, {"body"}),
+        ("local", set(), {"body", "head"}),
+    ],
+)
+def test_each_algorithm_shares_and_keeps_its_parts(
+    algorithm: str, shared: set, kept: set
+) -> None:
+    state = RecordDict()
+    client = _client(algorithm, state)
+    arrays, metrics = client.fit(client.initial_arrays(), ConfigRecord(TRAIN))
+    assert {name.split(".")[0] for name in arrays} == shared
+    stored = state.get(protocol.STATE_PERSONAL)
+    assert (
+        {name.split(".")[0] for name in stored} if stored is not None else set()
+    ) == kept
+    assert metrics[protocol.NUM_EXAMPLES] == client.sizes()[0]
+
+
+def test_fedrep_trains_head_then_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clients.base
+
+    calls: list[tuple[tuple[str, ...], int]] = []
+    real_train = clients.base.train
+
+    def recording_train(*args: Any, **kwargs: Any) -> Any:
+        calls.append((kwargs["parts"], kwargs["epochs"]))
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(clients.base, "train", recording_train)
+    client = _client("fedrep")
+    client.fit(
+        client.initial_arrays(),
+        ConfigRecord({**TRAIN, protocol.HEAD_EPOCHS: 10, protocol.EPOCHS: 5}),
+    )
+    assert calls == [(("head",), 10), (("body",), 5)]
+    calls.clear()
+    fedper = _client("fedper")
+    fedper.fit(fedper.initial_arrays(), ConfigRecord({**TRAIN, protocol.EPOCHS: 5}))
+    assert calls == [(("body", "head"), 5)]
+
+
+def test_personal_head_persists_across_rounds_and_is_restored() -> None:
+    state = RecordDict()
+    first = _client("fedrep", state)
+    body, _ = first.fit(first.initial_arrays(), ConfigRecord(TRAIN))
+    head_after_round_1 = {
+        k: v.numpy().copy() for k, v in state[protocol.STATE_PERSONAL].items()
+    }
+    second = _client("fedrep", state)  # a fresh process: only context.state survives
+    for name, value in head_after_round_1.items():
+        assert_array_equal(second.model.state_dict()[name].numpy(), value)
+    untouched = _client("fedrep")  # a client never trained keeps the initial head
+    initial_head = {
+        k: v.numpy()
+        for k, v in untouched.model.state_dict().items()
+        if k.startswith("head")
+    }
+    assert any(
+        not np.array_equal(initial_head[k], v) for k, v in head_after_round_1.items()
+    )
+    assert set(body) == {k for k in untouched.model.state_dict() if k.startswith("body")}
+
+
+def test_finetuned_evaluation_does_not_store_the_finetuned_head() -> None:
+    state = RecordDict()
+    client = _client("fedavg-ft", state)
+    arrays = client.initial_arrays()
+    plain = client.evaluate(arrays, ConfigRecord({**TRAIN, protocol.FINETUNE_EPOCHS: 0}))
+    tuned = _client("fedavg-ft", state).evaluate(
+        arrays, ConfigRecord({**TRAIN, protocol.FINETUNE_EPOCHS: 10})
+    )
+    assert tuned[protocol.ACCURACY] > plain[protocol.ACCURACY]
+    assert protocol.STATE_PERSONAL not in state
+    again = _client("fedavg-ft", state).evaluate(
+        arrays, ConfigRecord({**TRAIN, protocol.FINETUNE_EPOCHS: 0})
+    )
+    assert again == plain
+
+
+def test_wrong_shared_arrays_are_rejected_with_the_expected_names() -> None:
+    client = _client("fedrep")
+    arrays = client.initial_arrays()
+    arrays.pop(next(iter(arrays)))
+    with pytest.raises(ValueError, match="expected shared arrays"):
+        client.fit(arrays, ConfigRecord(TRAIN))
+
+
+# -------------------------------------------------------------------- linear model
+def _linear_client(algorithm: str, state: RecordDict, head_steps: int = 0) -> Any:
+    run = RunConfig.from_mapping(
+        run_config(
+            algorithm=algorithm,
+            dataset="linear",
+            num_clients=10,
+            linear_head_steps=head_steps,
+        )
+    )
+    return client_class(run)(run, 3, state)
+
+
+def test_linear_fedrep_solves_the_head_exactly_then_steps_on_b() -> None:
+    state = RecordDict()
+    client = _linear_client("fedrep", state)
+    b = linear.orthonormalize(np.random.default_rng(0).standard_normal((10, 2)))
+    arrays, _ = client.fit({"body.weight": b.T}, ConfigRecord(TRAIN))
+    # Independent recomputation from the same stream of fresh samples.
+    tasks = LinearTasks(10, 2, 0.0316, 0)
+    x, y = tasks.sample(3, 5, rng(0, "linear", "train", 3, 1))
+    head, *_ = np.linalg.lstsq(x @ b, y, rcond=None)
+    assert_allclose(client.stored_head(), head, atol=1e-12)
+    residual = y - x @ b @ head
+    expected = b + 0.05 * np.outer(x.T @ residual, head) / 5
+    assert_allclose(arrays["body.weight"].T, expected, atol=1e-12)
+
+
+def test_gd_gd_takes_gradient_steps_from_the_stored_head() -> None:
+    state = RecordDict()
+    client = _linear_client("fedrep", state, head_steps=1)
+    b = linear.orthonormalize(np.random.default_rng(1).standard_normal((10, 2)))
+    config = ConfigRecord({**TRAIN, protocol.LINEAR_HEAD_STEPS: 1})
+    client.fit({"body.weight": b.T}, config)
+    x, y = client.samples("train", 1)
+    assert_allclose(
+        client.stored_head(), -0.4 * linear.head_gradient(x, y, b, np.zeros(2)), atol=1e-12
+    )
+
+
+def test_fedsgd_client_steps_on_both_parts() -> None:
+    client = _linear_client("fedsgd", RecordDict())
+    b, w = np.random.default_rng(2).standard_normal((10, 2)), np.array([0.3, -0.2])
+    arrays, _ = client.fit(
+        {"body.weight": b.T, "head.weight": w[None, :]}, ConfigRecord(TRAIN)
+    )
+    x, y = client.samples("train", 1)
+    assert_allclose(
+        arrays["body.weight"].T, b - 0.05 * linear.representation_gradient(x, y, b, w)
+    )
+    assert_allclose(arrays["head.weight"][0], w - 0.05 * linear.head_gradient(x, y, b, w))
