@@ -1,0 +1,92 @@
+"""Static facts about the data sets fedpers knows (no loading, no heavy imports).
+
+The configuration validates against these facts before any run starts, so a wrong
+number of classes or an unknown data set is an error at the command line, not a crash
+in a Ray actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a data set is, independent of how it is loaded.
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of labels (1 for the regression tasks).
+    input_shape : tuple of int
+        Shape of one input sample as the model sees it.
+    default_model : str
+        Model used when the run config says ``model = "auto"``.
+    embedded : bool
+        True when the data set needs no files (generated or shipped with a package).
+    how_to_get : str
+        For data sets read from a local root: how to place the files there.
+    """
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+    default_model: str
+    embedded: bool
+    how_to_get: str = ""
+
+
+_TORCHVISION_HINT = (
+    "On a machine with internet access run\n"
+    "  python -c \"import torchvision; torchvision.datasets.{cls}('ROOT', download=True{extra})\"\n"
+    "and copy ROOT/{folder} into the data root given by --run-config \"data-root='ROOT'\"."
+)
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist1d": DatasetInfo(10, (40,), "mnist1d-mlp", embedded=True),
+    "digits": DatasetInfo(10, (64,), "digits-mlp", embedded=True),
+    "linear": DatasetInfo(1, (10,), "linear", embedded=True),
+    "mnist": DatasetInfo(
+        10,
+        (1, 28, 28),
+        "femnist-mlp",
+        embedded=False,
+        how_to_get=_TORCHVISION_HINT.format(cls="MNIST", extra="", folder="MNIST"),
+    ),
+    "femnist": DatasetInfo(
+        10,
+        (1, 28, 28),
+        "femnist-mlp",
+        embedded=False,
+        how_to_get=_TORCHVISION_HINT.format(
+            cls="EMNIST", extra=", split='letters'", folder="EMNIST"
+        ),
+    ),
+    "cifar10": DatasetInfo(
+        10,
+        (3, 32, 32),
+        "cifar10-cnn",
+        embedded=False,
+        how_to_get=_TORCHVISION_HINT.format(
+            cls="CIFAR10", extra="", folder="cifar-10-batches-py"
+        ),
+    ),
+    "cifar100": DatasetInfo(
+        100,
+        (3, 32, 32),
+        "cifar100-cnn",
+        embedded=False,
+        how_to_get=_TORCHVISION_HINT.format(
+            cls="CIFAR100", extra="", folder="cifar-100-python"
+        ),
+    ),
+}
+
+# Which models accept which input shape (checked by the configuration).
+MODEL_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "mnist1d-mlp": (40,),
+    "digits-mlp": (64,),
+    "femnist-mlp": (1, 28, 28),
+    "cifar10-cnn": (3, 32, 32),
+    "cifar100-cnn": (3, 32, 32),
+    "linear": None,  # any vector input
+}

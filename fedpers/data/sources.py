@@ -1,0 +1,209 @@
+"""Whole data sets as numpy arrays: generated, embedded, or read from a local root.
+
+Nothing here downloads. A data set that needs files and does not find them raises
+``DatasetNotFound`` with instructions. Raw arrays keep their compact dtype (uint8 for
+images); ``Dataset.features`` turns a slice into the float32 inputs a model takes, so a
+process holds one compact copy and converts only the samples a client uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedpers.data.registry import DATASETS
+from fedpers.seeding import int_seed, isolated_global_numpy_and_random
+
+MNIST1D_TRAIN_SPLIT = 0.8
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A data set that must come from a local root is not there."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train and test split of one data set.
+
+    Parameters
+    ----------
+    name : str
+        Registry name of the data set.
+    x_train, y_train, x_test, y_test : np.ndarray
+        Raw inputs (any dtype) and integer labels.
+    scale : float
+        Raw inputs are divided by this before normalization.
+    mean, std : tuple of float
+        Per-channel normalization applied after scaling (empty: none).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    scale: float = 1.0
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    def features(self, raw: np.ndarray) -> np.ndarray:
+        """Model inputs (float32, channels first for images) from raw samples."""
+        x = raw.astype(np.float32) / np.float32(self.scale)
+        if self.mean:
+            shape = (1, len(self.mean)) + (1,) * (x.ndim - 2)
+            x = (x - np.asarray(self.mean, np.float32).reshape(shape)) / np.asarray(
+                self.std, np.float32
+            ).reshape(shape)
+        return x
+
+
+def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset:
+    """Load (or generate) data set ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of ``fedpers.data.registry.DATASETS`` other than ``linear``.
+    root : str
+        Local data root for data sets read from files; also holds the MNIST-1D cache.
+    seed : int
+        Seed of generated data sets (MNIST-1D) and of the digits train/test split.
+    train_size : int
+        Number of training samples to generate (MNIST-1D only).
+    """
+    if name == "mnist1d":
+        return _mnist1d(train_size=train_size, seed=seed, root=root)
+    if name == "digits":
+        return _digits(seed)
+    if name in ("mnist", "femnist", "cifar10", "cifar100"):
+        return _torchvision(name, root)
+    raise ValueError(f"load_dataset: no loader for data set '{name}'")
+
+
+# --------------------------------------------------------------------- MNIST-1D
+def _mnist1d(*, train_size: int, seed: int, root: str) -> Dataset:
+    """MNIST-1D (Greydanus, 2020) generated offline with its reference generator.
+
+    ``train_size`` training samples plus a quarter as many test samples (the package's
+    80/20 split). Generation takes seconds for tens of thousands of samples, so the
+    result is cached as .npz under the data root (or ``~/.cache/fedpers``).
+    """
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    num_samples = int(np.ceil(train_size / MNIST1D_TRAIN_SPLIT / 10)) * 10
+    args = get_dataset_args(as_dict=True)
+    args.update(num_samples=num_samples, train_split=MNIST1D_TRAIN_SPLIT)
+    args["seed"] = int_seed(seed, "mnist1d") % (2**32 - 1)
+    args.pop("url", None)
+    cache = _cache_dir(root) / f"mnist1d-{_digest(args)}.npz"
+    if cache.exists():
+        with np.load(cache) as stored:
+            arrays = {k: stored[k] for k in ("x", "y", "x_test", "y_test")}
+    else:
+
+        class _Args:
+            def __init__(self, values: dict[str, object]) -> None:
+                self.__dict__.update(values)
+
+        with isolated_global_numpy_and_random():
+            generated = make_dataset(_Args(args))
+        arrays = {
+            "x": generated["x"].astype(np.float32),
+            "y": generated["y"].astype(np.int64),
+            "x_test": generated["x_test"].astype(np.float32),
+            "y_test": generated["y_test"].astype(np.int64),
+        }
+        _atomic_savez(cache, arrays)
+    return Dataset("mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"])
+
+
+# ----------------------------------------------------------------------- digits
+def _digits(seed: int) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits, 75/25 stratified train/test split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = bunch.data.astype(np.float32)
+    y = bunch.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, stratify=y, random_state=int_seed(seed, "digits") % 2**32
+    )
+    return Dataset("digits", x_train, y_train, x_test, y_test, scale=16.0)
+
+
+# ------------------------------------------------------------------ torchvision
+_IMAGE_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "femnist": ((0.1722,), (0.3309,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+def _torchvision(name: str, root: str) -> Dataset:
+    """MNIST, FEMNIST (EMNIST letters a-j) and CIFAR-10/100 from a local root."""
+    import torchvision
+
+    if not root:
+        raise DatasetNotFound(
+            f"dataset='{name}' is read from a local data root, and run-config key "
+            f"'data-root' is empty. {DATASETS[name].how_to_get}"
+        )
+    classes = {
+        "mnist": torchvision.datasets.MNIST,
+        "femnist": torchvision.datasets.EMNIST,
+        "cifar10": torchvision.datasets.CIFAR10,
+        "cifar100": torchvision.datasets.CIFAR100,
+    }
+    kwargs = {"split": "letters"} if name == "femnist" else {}
+    splits = []
+    for train in (True, False):
+        try:
+            data = classes[name](root, train=train, download=False, **kwargs)
+        except RuntimeError as error:  # torchvision: "Dataset not found ..."
+            raise DatasetNotFound(
+                f"dataset='{name}' not found under data-root '{root}' ({error}). "
+                f"{DATASETS[name].how_to_get.replace('ROOT', root)}"
+            ) from error
+        x = np.asarray(data.data)
+        y = np.asarray(data.targets, dtype=np.int64)
+        if x.ndim == 3:  # grey images: add the channel axis
+            x = x[:, None, :, :]
+        else:  # CIFAR stores HWC
+            x = x.transpose(0, 3, 1, 2)
+        if name == "femnist":
+            # EMNIST letters: labels 1..26 for a..z; the FedRep paper keeps a-j. The
+            # images are stored transposed.
+            keep = (y >= 1) & (y <= 10)
+            x, y = x[keep].transpose(0, 1, 3, 2), y[keep] - 1
+        splits.append((np.ascontiguousarray(x), y))
+    (x_train, y_train), (x_test, y_test) = splits
+    mean, std = _IMAGE_STATS[name]
+    return Dataset(name, x_train, y_train, x_test, y_test, scale=255.0, mean=mean, std=std)
+
+
+# ---------------------------------------------------------------------- caching
+def _cache_dir(root: str) -> Path:
+    if root:
+        return Path(root) / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedpers"
+
+
+def _digest(values: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write an .npz so that concurrent readers see either nothing or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as handle:
+        np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwargs
+    os.replace(tmp, path)
