@@ -17,13 +17,15 @@ pytestmark = pytest.mark.flower
 def linear_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("linear")
     summary = fedrep_linear.main(["--out", str(out), "--quick"])
-    assert (out / "figure4.png").exists() and (out / "figure3_n100.png").exists()
+    assert (out / "figure4.png").exists()
+    assert (out / "figure3_n100.png").exists()
     return summary
 
 
 def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> None:
     first = linear_summary["rounds_to_0.01"]["fedrep"]["100"]
-    assert first is not None and first <= 60
+    assert first is not None
+    assert first <= 60
     assert linear_summary["principal_angle_distance"]["fedrep"]["100"] < 1e-2
 
 
