@@ -20,6 +20,8 @@ DEEP_CLIENTS: dict[Algorithm, str] = {
     Algorithm.FEDAVG_FT: "clients.fedavg:FedAvgFTClient",
     Algorithm.LG_FEDAVG: "clients.lg_fedavg:LGFedAvgClient",
     Algorithm.LOCAL: "clients.local:LocalClient",
+    Algorithm.FEDEM: "clients.fedem:FedEMClient",
+    Algorithm.FEDGMM: "clients.fedgmm:FedGMMClient",
 }
 
 LINEAR_CLIENTS: dict[Algorithm, str] = {

@@ -19,11 +19,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from clients.common import Arrays, Metrics, config_float, config_int
 from fedpers import protocol
 from fedpers.config import RunConfig
-from fedpers.data.client import client_data
+from fedpers.data.client import adaptation_split, client_data
 from fedpers.models import build_model, load_part_arrays, part_arrays
 from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
-from fedpers.training import SGDSettings, evaluate, random_crop_flip, train
+from fedpers.training import EvalStats, SGDSettings, evaluate, random_crop_flip, train
 
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
 
@@ -64,7 +64,7 @@ class PersonalizedClient:
         # Every process builds the same initial model from the seed, so a client that
         # has never trained holds the same initial personal parts as the server's model.
         self.model = build_model(
-            run.model_name, run.num_classes, int_seed(run.seed, "model")
+            run.model_name, run.num_classes, int_seed(run.seed, "model"), run.input_shape
         )
         if protocol.STATE_PERSONAL in state:
             stored = state[protocol.STATE_PERSONAL]
@@ -107,9 +107,7 @@ class PersonalizedClient:
             )
             loss = stats.loss if stats.steps else loss
         if self.personal:
-            self.state[protocol.STATE_PERSONAL] = _to_record(
-                part_arrays(self.model, self.personal)
-            )
+            self.state[protocol.STATE_PERSONAL] = _to_record(part_arrays(self.model, self.personal))
         metrics = {protocol.NUM_EXAMPLES: float(len(y)), protocol.LOSS: loss}
         return part_arrays(self.model, self.shared), metrics
 
@@ -121,6 +119,16 @@ class PersonalizedClient:
         head is not stored.
         """
         self._load_shared(arrays)
+        if config_int(config, protocol.UNSEEN, default=0):
+            # An unseen client (FedAvg in FedGMM's Table 4): the global model tested on
+            # the same held-out part the mixtures are tested on, without adaptation.
+            _, _, x, y = adaptation_split(
+                self.data,
+                config_float(config, protocol.ADAPT_FRACTION),
+                self.run.seed,
+                self.partition_id,
+            )
+            return self._metrics(evaluate(self.model, torch.from_numpy(x), torch.from_numpy(y)))
         finetune_epochs = config_int(config, protocol.FINETUNE_EPOCHS, default=0)
         if finetune_epochs > 0:
             train(
@@ -138,6 +146,10 @@ class PersonalizedClient:
             torch.from_numpy(self.data.x_test),
             torch.from_numpy(self.data.y_test),
         )
+        return self._metrics(stats)
+
+    @staticmethod
+    def _metrics(stats: EvalStats) -> Metrics:
         return {
             protocol.NUM_EXAMPLES: float(stats.num_examples),
             protocol.ACCURACY: stats.accuracy,

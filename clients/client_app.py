@@ -2,8 +2,9 @@
 
 Message types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, plus
 ``query.info`` (partition id and data sizes, used by the server to map nodes to
-partitions), ``query.initial`` (the seeded initial shared arrays) and
-``query.moments`` (linear FedRep's Method-of-Moments statistic).
+partitions), ``query.initial`` (the seeded initial shared arrays),
+``query.moments`` (linear FedRep's Method-of-Moments statistic) and FedGMM's
+initialization: ``query.pca``, ``query.summary``, ``query.assign``.
 """
 
 from __future__ import annotations
@@ -45,8 +46,7 @@ def _arrays(msg: Message) -> dict[str, np.ndarray]:
     if protocol.ARRAYS not in msg.content.array_records:
         return {}
     return {
-        name: array.numpy()
-        for name, array in msg.content.array_records[protocol.ARRAYS].items()
+        name: array.numpy() for name, array in msg.content.array_records[protocol.ARRAYS].items()
     }
 
 
@@ -103,10 +103,26 @@ def initial(msg: Message, context: Context) -> Message:
     return _reply(msg, _client(context).initial_arrays(), {})
 
 
+@app.query("pca")
+def pca(msg: Message, context: Context) -> Message:
+    """FedGMM: moment statistics of this node's embedding inputs (pooled PCA)."""
+    return _reply(msg, _client(context).pca_moments(), {})
+
+
+@app.query("summary")
+def summary(msg: Message, context: Context) -> Message:
+    """FedGMM: local k-means centroids of the embeddings (federated k-means++)."""
+    return _reply(msg, _client(context).summary(_arrays(msg)), {})
+
+
+@app.query("assign")
+def assign(msg: Message, context: Context) -> Message:
+    """FedGMM: statistics of the embeddings assigned to the nearest initial mean."""
+    return _reply(msg, _client(context).assignment_statistics(_arrays(msg)), {})
+
+
 @app.query("moments")
 def moments(msg: Message, context: Context) -> Message:
     """Linear FedRep's Method-of-Moments statistic."""
     client = _client(context)
-    return _reply(
-        msg, client.moments(), {protocol.NUM_EXAMPLES: float(client.run.linear_samples)}
-    )
+    return _reply(msg, client.moments(), {protocol.NUM_EXAMPLES: float(client.run.linear_samples)})

@@ -35,18 +35,14 @@ class LinearClient(ABC):
         self.run = run
         self.partition_id = partition_id
         self.state = state
-        self.tasks = LinearTasks(
-            run.linear_dim, run.linear_rank, run.linear_noise_std, run.seed
-        )
+        self.tasks = LinearTasks(run.linear_dim, run.linear_rank, run.linear_noise_std, run.seed)
 
     def samples(
         self, purpose: str, server_round: int, count: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of this client for ``purpose`` in ``server_round``."""
         generator = rng(self.run.seed, "linear", purpose, self.partition_id, server_round)
-        return self.tasks.sample(
-            self.partition_id, count or self.run.linear_samples, generator
-        )
+        return self.tasks.sample(self.partition_id, count or self.run.linear_samples, generator)
 
     def sizes(self) -> tuple[int, int]:
         """Samples drawn per round for training and for a test."""
@@ -66,9 +62,7 @@ class LinearClient(ABC):
 
     def store_head(self, head: np.ndarray) -> None:
         """Keep the head on the device for later rounds."""
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {HEAD: Array(head[None, :].copy())}
-        )
+        self.state[protocol.STATE_PERSONAL] = ArrayRecord({HEAD: Array(head[None, :].copy())})
 
     @abstractmethod
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:

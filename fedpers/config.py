@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
 from fedpers.data.registry import DATASETS, MODEL_INPUTS
-from fedpers.protocol import LINEAR_ALGORITHMS, LINEAR_ONLY, Algorithm
+from fedpers.data.shift import parse_transforms
+from fedpers.protocol import LINEAR_ALGORITHMS, LINEAR_ONLY, MIXTURE_ALGORITHMS, Algorithm
 
 PARTITIONERS = ("classes", "dirichlet", "lognormal")
+TEST_SPLITS = ("dataset", "per-client")
+LR_SCHEDULES = ("constant", "milestones")
+EMBEDDINGS = ("auto", "identity", "pca", "resnet18")
+UNSEEN_ALGORITHMS = frozenset({Algorithm.FEDGMM, Algorithm.FEDEM, Algorithm.FEDAVG})
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
@@ -45,6 +51,7 @@ class RunConfig:
     dirichlet_alpha: float
     lognormal_sigma: float
     samples_per_client: int
+    test_split: str
     num_rounds: int
     fraction_train: float
     final_rounds: int
@@ -57,6 +64,7 @@ class RunConfig:
     momentum: float
     weight_decay: float
     batch_size: int
+    lr_schedule: str
     client_threads: int
     linear_dim: int
     linear_rank: int
@@ -65,6 +73,26 @@ class RunConfig:
     linear_lr: float
     linear_head_steps: int
     linear_head_lr: float
+    mixture_learners: int
+    gmm_components: int
+    gmm_covariance: str
+    gmm_ridge: float
+    gmm_aggregation: str
+    gmm_shared_weights: bool
+    gmm_embedding: str
+    gmm_embedding_dim: int
+    gmm_encoder_weights: str
+    unseen_fraction: float
+    adapt_fraction: float
+    mixture_dim: int
+    mixture_components: int
+    mixture_alpha: float
+    mixture_covariance: str
+    mixture_labels: str
+    mixture_sizes: str
+    joint_shift: bool
+    shift_transforms: str
+    shift_fraction: float
     seed: int
     results_dir: str
     run_name: str
@@ -117,16 +145,37 @@ class RunConfig:
         return DATASETS[self.dataset].num_classes
 
     @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one model input."""
+        if self.dataset == "mixture":
+            return (self.mixture_dim,)
+        if self.dataset == "linear":
+            return (self.linear_dim,)
+        shape = DATASETS[self.dataset].input_shape
+        assert shape is not None
+        return shape
+
+    @property
+    def embedding(self) -> str:
+        """The GMM's input embedding, with ``auto`` resolved: raw vectors of the
+        synthetic mixtures, PCA of the pixels for images."""
+        if self.gmm_embedding != "auto":
+            return self.gmm_embedding
+        return "identity" if self.dataset == "mixture" else "pca"
+
+    @property
+    def per_client_split(self) -> bool:
+        """True when each client splits its own data 60/20/20 (FedEM's protocol)."""
+        return self.test_split == "per-client" or self.dataset == "mixture"
+
+    @property
     def clients_per_round(self) -> int:
         """Clients sampled for training each round (at least one)."""
         return max(1, round(self.fraction_train * self.num_clients))
 
     def to_mapping(self) -> dict[str, Any]:
         """The run config with its original kebab-case keys (for ``config.json``)."""
-        return {
-            f.name.replace("_", "-"): getattr(self, f.name)
-            for f in dataclasses.fields(self)
-        }
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
 
     # --------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -134,6 +183,8 @@ class RunConfig:
         _one_of("dataset", self.dataset, list(DATASETS))
         _one_of("model", self.model, ["auto", *MODEL_INPUTS])
         _one_of("partitioner", self.partitioner, list(PARTITIONERS))
+        _one_of("test-split", self.test_split, list(TEST_SPLITS))
+        _one_of("lr-schedule", self.lr_schedule, list(LR_SCHEDULES))
         _at_least("num-clients", self.num_clients, 1)
         _at_least("num-rounds", self.num_rounds, 1)
         _at_least("final-rounds", self.final_rounds, 1)
@@ -154,6 +205,7 @@ class RunConfig:
             _at_least(key, getattr(self, key.replace("-", "_")), 0.0)
         if self.momentum >= 1.0:
             raise ConfigError(f"run-config key 'momentum' = {self.momentum} must be < 1.")
+        self._validate_mixtures()
 
         algorithm = Algorithm(self.algorithm)
         if self.is_linear:
@@ -175,8 +227,8 @@ class RunConfig:
                 f"run-config key 'algorithm' = '{self.algorithm}' exists only for the "
                 "linear model; set dataset='linear' or choose fedavg for deep models."
             )
-        data_shape = DATASETS[self.dataset].input_shape
-        if MODEL_INPUTS[self.model_name] != data_shape:
+        data_shape = self.input_shape
+        if MODEL_INPUTS[self.model_name] not in (None, data_shape):
             fitting = [m for m, shape in MODEL_INPUTS.items() if shape == data_shape]
             raise ConfigError(
                 f"run-config key 'model' = '{self.model}' does not take the inputs of "
@@ -190,6 +242,83 @@ class RunConfig:
                 f"between 1 and the {self.num_classes} classes of dataset="
                 f"'{self.dataset}'."
             )
+
+    def _validate_mixtures(self) -> None:
+        algorithm = Algorithm(self.algorithm)
+        for key in (
+            "mixture-learners",
+            "gmm-components",
+            "gmm-embedding-dim",
+            "mixture-dim",
+        ):
+            _at_least(key, getattr(self, key.replace("-", "_")), 1)
+        _at_least("mixture-components", self.mixture_components, 1)
+        _at_least("gmm-ridge", self.gmm_ridge, 0.0)
+        _positive("mixture-alpha", self.mixture_alpha)
+        _one_of("gmm-covariance", self.gmm_covariance, ["full", "diag"])
+        _one_of("gmm-aggregation", self.gmm_aggregation, ["exact", "average"])
+        _one_of("gmm-embedding", self.gmm_embedding, list(EMBEDDINGS))
+        _one_of("mixture-covariance", self.mixture_covariance, list(COVARIANCES))
+        _one_of("mixture-labels", self.mixture_labels, list(LABELLINGS))
+        _one_of("mixture-sizes", self.mixture_sizes, list(SIZES))
+        if not 0.0 <= self.unseen_fraction < 1.0:
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' = {self.unseen_fraction} must be in [0, 1)."
+            )
+        if self.unseen_fraction > 0 and algorithm not in UNSEEN_ALGORITHMS:
+            allowed = ", ".join(sorted(a.value for a in UNSEEN_ALGORITHMS))
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' > 0 needs an algorithm that can serve "
+                f"unseen clients ({allowed}), not '{self.algorithm}'."
+            )
+        if self.unseen_fraction > 0 and round(self.unseen_fraction * self.num_clients) < 1:
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
+                f"{self.num_clients} clients leaves no unseen client."
+            )
+        if not 0.0 < self.adapt_fraction < 1.0:
+            raise ConfigError(
+                f"run-config key 'adapt-fraction' = {self.adapt_fraction} must be in (0, 1)."
+            )
+        if not 0.0 <= self.shift_fraction <= 1.0:
+            raise ConfigError(
+                f"run-config key 'shift-fraction' = {self.shift_fraction} must be in [0, 1]."
+            )
+        try:
+            parse_transforms(self.shift_transforms)
+        except ValueError as error:
+            raise ConfigError(f"run-config key 'shift-transforms': {error}.") from error
+        if self.joint_shift and DATASETS[self.dataset].image_shape is None:
+            images = [n for n, info in DATASETS.items() if info.image_shape is not None]
+            raise ConfigError(
+                f"run-config key 'joint-shift' = true needs an image data set; "
+                f"dataset='{self.dataset}' is not one ({', '.join(images)} are)."
+            )
+        if algorithm in MIXTURE_ALGORITHMS and self.is_linear:
+            raise ConfigError(
+                f"run-config key 'algorithm' = '{self.algorithm}' has no linear variant."
+            )
+        if algorithm is Algorithm.FEDGMM and self.embedding == "resnet18":
+            if not self.gmm_encoder_weights:
+                raise ConfigError(
+                    "run-config key 'gmm-embedding' = 'resnet18' needs 'gmm-encoder-weights': "
+                    "the path of a torchvision resnet18 state dict on this machine "
+                    "(weights are never downloaded at run time)."
+                )
+            if not Path(self.gmm_encoder_weights).is_file():
+                raise ConfigError(
+                    f"run-config key 'gmm-encoder-weights' = '{self.gmm_encoder_weights}' "
+                    "is not a file; save a resnet18 state dict there first."
+                )
+            if DATASETS[self.dataset].image_shape is None:
+                raise ConfigError("run-config key 'gmm-embedding' = 'resnet18' needs image data.")
+        if algorithm is Algorithm.FEDGMM and self.embedding == "pca":
+            flat = math.prod(self.input_shape)
+            if self.gmm_embedding_dim > flat:
+                raise ConfigError(
+                    f"run-config key 'gmm-embedding-dim' = {self.gmm_embedding_dim} exceeds "
+                    f"the {flat} input dimensions of dataset='{self.dataset}'."
+                )
 
     def _validate_linear(self) -> None:
         _at_least("linear-dim", self.linear_dim, 1)
@@ -228,6 +357,11 @@ def load_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     key = name.replace("_", "-")
     kind = {"int": int, "float": float, "str": str, "bool": bool}[str(annotation)]
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(
+            f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
+            "it must be bool (true or false)."
+        )
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(float(value)):
             raise ConfigError(f"run-config key '{key}' = {value} must be a finite number.")

@@ -52,9 +52,7 @@ def method_of_moments(statistics: list[np.ndarray], rank: int) -> np.ndarray:
     return orthonormalize(top)
 
 
-def least_squares_head(
-    x: np.ndarray, y: np.ndarray, representation: np.ndarray
-) -> np.ndarray:
+def least_squares_head(x: np.ndarray, y: np.ndarray, representation: np.ndarray) -> np.ndarray:
     """FedRep's exact head update ``argmin_w ||y - X B w||^2`` (minimum-norm solution)."""
     features = x @ representation
     head, *_ = np.linalg.lstsq(features, y, rcond=None)

@@ -20,6 +20,8 @@ class Algorithm(StrEnum):
     LG_FEDAVG = "lg-fedavg"
     LOCAL = "local"
     FEDSGD = "fedsgd"
+    FEDGMM = "fedgmm"
+    FEDEM = "fedem"
 
 
 # The model is split into a `body` (representation) and a `head`; an algorithm shares
@@ -36,10 +38,15 @@ SHARED_PARTS: dict[Algorithm, tuple[str, ...]] = {
     Algorithm.LG_FEDAVG: (HEAD,),
     Algorithm.LOCAL: (),
     Algorithm.FEDSGD: (BODY, HEAD),
+    # Mixtures share every learner whole; the personal part is the mixture weights.
+    Algorithm.FEDGMM: (BODY, HEAD),
+    Algorithm.FEDEM: (BODY, HEAD),
 }
 
 # Algorithms that exist only for the linear representation model (Section 4 of FedRep).
 LINEAR_ONLY: frozenset[Algorithm] = frozenset({Algorithm.FEDSGD})
+# Mixtures of learners (and, for FedGMM, of Gaussian components).
+MIXTURE_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.FEDGMM, Algorithm.FEDEM})
 # Algorithms that have a linear variant; the others need a deep model.
 LINEAR_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.FEDREP, Algorithm.FEDSGD})
 
@@ -64,6 +71,9 @@ def part_of(array_name: str) -> str:
 QUERY_INFO = "query.info"  # partition id and sizes of a node
 QUERY_INITIAL = "query.initial"  # the seeded initial shared arrays
 QUERY_MOMENTS = "query.moments"  # Method-of-Moments statistics (linear FedRep)
+QUERY_PCA = "query.pca"  # moment statistics of the GMM's embedding inputs (FedGMM)
+QUERY_SUMMARY = "query.summary"  # local k-means centroids for k-means++ (FedGMM)
+QUERY_ASSIGN = "query.assign"  # statistics of hard assignments to initial means (FedGMM)
 
 # ---- Record names inside a message's RecordDict ----------------------------------
 ARRAYS = "arrays"
@@ -81,6 +91,8 @@ WEIGHT_DECAY = "weight-decay"
 BATCH_SIZE = "batch-size"
 LINEAR_HEAD_STEPS = "linear-head-steps"
 LINEAR_HEAD_LR = "linear-head-lr"
+UNSEEN = "unseen"  # 1: the node is an unseen client: adapt, then test
+ADAPT_FRACTION = "adapt-fraction"
 
 # ---- Keys of the MetricRecord a client replies with -------------------------------
 NUM_EXAMPLES = "num-examples"
@@ -89,6 +101,25 @@ NUM_TEST = "num-test-examples"
 PARTITION_ID = "partition-id"
 LOSS = "loss"
 ACCURACY = "accuracy"
+LOG_LIKELIHOOD = "log-likelihood"
+REJECTED = "rejected"
+
+
+# ---- Array names of the mixture algorithms ----------------------------------------
+def learner_prefix(index: int) -> str:
+    """Prefix of learner ``index``'s parameters: ``learner0.body.0.weight``."""
+    return f"learner{index}."
+
+
+MIXTURE_WEIGHTS = "mixture.weights"  # pi (M1, M2): personal on a device, global on the server
+GAMMA = "gamma"  # a client's summed responsibilities (M1, M2)
+GMM_MEANS = "gmm.means"
+GMM_COVARIANCES = "gmm.covariances"
+PCA_MEAN = "pca.mean"
+PCA_DIRECTIONS = "pca.directions"
+STATS_COUNT = "stats.count"
+STATS_FIRST = "stats.first"
+STATS_SECOND = "stats.second"
 
 # ---- context.state keys on the device ---------------------------------------------
 STATE_PERSONAL = "fedpers.personal"

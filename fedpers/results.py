@@ -32,7 +32,8 @@ class RoundRecord:
     """What one round did, as written to ``rounds.jsonl``.
 
     ``sampled``/``replies``/``failures`` count the training messages of the round,
-    ``evaluated`` the nodes whose evaluation was aggregated; ``train_seconds`` and
+    ``evaluated`` the nodes whose evaluation was aggregated, ``rejected`` the replies
+    left out of the aggregation (errors, non-finite values); ``train_seconds`` and
     ``evaluate_seconds`` split the round's wall time between the two exchanges.
     """
 
@@ -45,6 +46,7 @@ class RoundRecord:
     replies: int = 0
     failures: int = 0
     evaluated: int = 0
+    rejected: int = 0
     train_seconds: float = 0.0
     evaluate_seconds: float = 0.0
 
@@ -102,9 +104,7 @@ class RunRecorder:
         """Append a round to ``rounds.jsonl`` and log its progress line."""
         self.records.append(record)
         with (self.directory / ROUNDS_FILE).open("a") as handle:
-            handle.write(
-                json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n"
-            )
+            handle.write(json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n")
             handle.flush()
         logger.info(self.progress_line(record))
 
@@ -124,9 +124,7 @@ class RunRecorder:
             f"{shown} {value:.4g}{failures}"
         )
 
-    def finish(
-        self, summary: Mapping[str, Any], plots: Iterable[str] = ()
-    ) -> dict[str, Any]:
+    def finish(self, summary: Mapping[str, Any], plots: Iterable[str] = ()) -> dict[str, Any]:
         """Write ``summary.json`` and one PNG per metric in ``plots``."""
         final = {
             **summary,

@@ -34,9 +34,7 @@ def rng(seed: int, *keys: int | str) -> np.random.Generator:
 
 def int_seed(seed: int, *keys: int | str) -> int:
     """A 63-bit integer seed for libraries that take one (torch, sklearn)."""
-    return int(
-        stream_seed(seed, *keys).generate_state(2, np.uint32).view(np.uint64)[0] >> 1
-    )
+    return int(stream_seed(seed, *keys).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 
 @contextmanager

@@ -152,9 +152,7 @@ def evaluate(
         target = y[start : start + batch_size]
         total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(dim=1) == target).sum())
-    return EvalStats(
-        loss=total_loss / len(y), accuracy=correct / len(y), num_examples=len(y)
-    )
+    return EvalStats(loss=total_loss / len(y), accuracy=correct / len(y), num_examples=len(y))
 
 
 def random_crop_flip(

@@ -57,15 +57,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the comparison and write its summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="mnist1d", choices=sorted(DATASET_SETTINGS))
-    parser.add_argument(
-        "--clients", type=int, help="number of clients (default: per data set)"
-    )
+    parser.add_argument("--clients", type=int, help="number of clients (default: per data set)")
     parser.add_argument("--classes-per-client", type=int, help="S (default: per data set)")
     parser.add_argument("--rounds", type=int, help="communication rounds T")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--data-root", default="", help="local root of torchvision data sets"
-    )
+    parser.add_argument("--data-root", default="", help="local root of torchvision data sets")
     parser.add_argument(
         "--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}"
     )
@@ -96,8 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     to_run = [m for m in methods if not (m == "fedavg" and "fedavg-ft" in methods)]
     runs_dir = args.out.expanduser().resolve() / "runs"
     runs = [
-        {**settings, "algorithm": m, "results-dir": str(runs_dir), "run-name": m}
-        for m in to_run
+        {**settings, "algorithm": m, "results-dir": str(runs_dir), "run-name": m} for m in to_run
     ]
     validate_runs(runs)
     out = prepare_output(args.out, overwrite=args.overwrite)

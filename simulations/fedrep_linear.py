@@ -72,14 +72,10 @@ def _step_sizes(text: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run Figures 3 and 4 and write their summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--clients", type=_ints, default=[10, 100, 1000], help="values of n"
-    )
+    parser.add_argument("--clients", type=_ints, default=[10, 100, 1000], help="values of n")
     parser.add_argument("--dim", type=int, default=10, help="d of Figure 3")
     parser.add_argument("--rank", type=int, default=2, help="k")
-    parser.add_argument(
-        "--samples", type=int, default=5, help="m: samples per client per round"
-    )
+    parser.add_argument("--samples", type=int, default=5, help="m: samples per client per round")
     parser.add_argument("--fraction", type=float, default=0.1, help="r: clients per round")
     parser.add_argument("--rounds", type=int, default=200, help="T of Figure 3")
     parser.add_argument("--noise-std", type=float, default=0.0316, help="label noise std")
@@ -91,21 +87,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--new-dim", type=int, default=20, help="d of Figure 4")
     parser.add_argument("--new-train-clients", type=int, default=100, help="n of Figure 4")
-    parser.add_argument(
-        "--new-samples", type=int, default=10, help="m of Figure 4 training"
-    )
-    parser.add_argument(
-        "--new-rounds", type=int, default=200, help="T of Figure 4 training"
-    )
+    parser.add_argument("--new-samples", type=int, default=10, help="m of Figure 4 training")
+    parser.add_argument("--new-rounds", type=int, default=200, help="T of Figure 4 training")
     parser.add_argument(
         "--m-new",
         type=_ints,
         default=[2, 4, 6, 8, 10, 20, 40],
         help="labelled samples of a new client",
     )
-    parser.add_argument(
-        "--new-clients", type=int, default=50, help="new clients averaged over"
-    )
+    parser.add_argument("--new-clients", type=int, default=50, help="new clients averaged over")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -166,10 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             figure3[method][n] = directory
 
     distance = {
-        m: {
-            str(n): read_summary(d)["final_principal_angle_distance"]
-            for n, d in by_n.items()
-        }
+        m: {str(n): read_summary(d)["final_principal_angle_distance"] for n, d in by_n.items()}
         for m, by_n in figure3.items()
     }
     first_below = {
@@ -216,14 +203,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     table4 = markdown_table(
         ["m_new", *new_client_mse],
-        [
-            (m_new, *[new_client_mse[m][str(m_new)] for m in new_client_mse])
-            for m_new in args.m_new
-        ],
+        [(m_new, *[new_client_mse[m][str(m_new)] for m in new_client_mse]) for m_new in args.m_new],
     )
-    (out / "table.md").write_text(
-        f"# Figure 3\n\n{table}\n# Figure 4 (test MSE)\n\n{table4}"
-    )
+    (out / "table.md").write_text(f"# Figure 3\n\n{table}\n# Figure 4 (test MSE)\n\n{table4}")
     print(f"\nFigure 3\n{table}\nFigure 4 (new-client test MSE)\n{table4}\nresults: {out}")
     return summary
 

@@ -145,9 +145,7 @@ class LocalSimulation:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.port}/health", timeout=0.5
-            ) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -185,9 +183,7 @@ class LocalSimulation:
             Ray resources per ClientApp (whole CPUs; GPUs may be fractional).
         """
         if self.process is None:
-            raise RuntimeError(
-                "LocalSimulation.run called outside `with LocalSimulation()`"
-            )
+            raise RuntimeError("LocalSimulation.run called outside `with LocalSimulation()`")
         config = resolved_config(overrides)
         directory = run_directory(config.results_dir, config.run_name)
         if (directory / SUMMARY_FILE).exists():
@@ -254,14 +250,10 @@ class LocalSimulation:
 def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:
     """Validated run config with an absolute results-dir and a run-name."""
     values = dict(overrides)
-    values["results-dir"] = str(
-        Path(values.get("results-dir", "results")).expanduser().resolve()
-    )
+    values["results-dir"] = str(Path(values.get("results-dir", "results")).expanduser().resolve())
     config = load_run_config(values)
     if not config.run_name:
-        config = load_run_config(
-            {**values, "run-name": f"{config.algorithm}-{config.dataset}"}
-        )
+        config = load_run_config({**values, "run-name": f"{config.algorithm}-{config.dataset}"})
     if config.data_root:
         config = load_run_config(
             {

@@ -7,10 +7,14 @@ imports the other.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedpers.config import RunConfig
 from fedpers.protocol import Algorithm
 from strategies.base import FedpersStrategy
 from strategies.fedavg import FedAvgFT, FederatedAveraging
+from strategies.fedem import FedEM
+from strategies.fedgmm import FedGMM
 from strategies.fedper import FedPer
 from strategies.fedrep import FedRep, FedRepLinear
 from strategies.fedsgd import FedSGD
@@ -28,22 +32,32 @@ DEEP_STRATEGIES: dict[Algorithm, type[FedpersStrategy]] = {
 
 def build_strategy(config: RunConfig) -> FedpersStrategy:
     """The strategy of ``config.algorithm``, configured from the run config."""
-    nodes, fraction, seed = config.num_clients, config.fraction_train, config.seed
+    common: dict[str, Any] = {
+        "num_nodes": config.num_clients,
+        "fraction_train": config.fraction_train,
+        "seed": config.seed,
+        "unseen_fraction": config.unseen_fraction,
+        "adapt_fraction": config.adapt_fraction,
+        "lr_schedule": config.lr_schedule,
+        "num_rounds": config.num_rounds,
+    }
     algorithm = Algorithm(config.algorithm)
     if config.is_linear:
         linear = {Algorithm.FEDREP: FedRepLinear, Algorithm.FEDSGD: FedSGD}[algorithm]
-        return linear(
-            rank=config.linear_rank,
-            num_nodes=nodes,
-            fraction_train=fraction,
-            seed=seed,
-            evaluate_nodes=False,
-        )
+        return linear(rank=config.linear_rank, evaluate_nodes=False, **common)
     if algorithm is Algorithm.FEDAVG_FT:
-        return FedAvgFT(
-            finetune_epochs=config.finetune_epochs,
-            num_nodes=nodes,
-            fraction_train=fraction,
-            seed=seed,
+        return FedAvgFT(finetune_epochs=config.finetune_epochs, **common)
+    if algorithm is Algorithm.FEDEM:
+        return FedEM(learners=config.mixture_learners, **common)
+    if algorithm is Algorithm.FEDGMM:
+        return FedGMM(
+            learners=config.mixture_learners,
+            components=config.gmm_components,
+            covariance=config.gmm_covariance,
+            ridge=config.gmm_ridge,
+            aggregation=config.gmm_aggregation,
+            embedding=config.embedding,
+            embedding_dim=config.gmm_embedding_dim,
+            **common,
         )
-    return DEEP_STRATEGIES[algorithm](num_nodes=nodes, fraction_train=fraction, seed=seed)
+    return DEEP_STRATEGIES[algorithm](**common)

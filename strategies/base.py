@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
+import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -57,6 +58,17 @@ class FedpersStrategy(FedAvg):
         Seed of the per-round sample.
     evaluate_nodes : bool (default: True)
         Send EVALUATE to every node each round. Off for runs evaluated on the server.
+    unseen_fraction : float (default: 0.0)
+        Fraction of the partitions (the highest ids) that never train nor take part in
+        the per-round evaluation: the unseen clients of FedGMM's Table 4, tested once
+        after the last round (``final_evaluation``).
+    adapt_fraction : float (default: 0.5)
+        Share of an unseen client's samples it may adapt on; it is tested on the rest.
+    lr_schedule : str (default: "constant")
+        ``constant``, or ``milestones``: the learning rate times 0.1 from half of
+        ``num_rounds`` and 0.01 from three quarters (FedEM's and FedGMM's schedule).
+    num_rounds : int (default: 1)
+        Rounds of the run, for the schedule.
     """
 
     algorithm: ClassVar[Algorithm]
@@ -68,6 +80,10 @@ class FedpersStrategy(FedAvg):
         fraction_train: float = 0.1,
         seed: int = 0,
         evaluate_nodes: bool = True,
+        unseen_fraction: float = 0.0,
+        adapt_fraction: float = 0.5,
+        lr_schedule: str = "constant",
+        num_rounds: int = 1,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -82,8 +98,15 @@ class FedpersStrategy(FedAvg):
         self.num_nodes = num_nodes
         self.seed = seed
         self.evaluate_nodes = evaluate_nodes
+        self.adapt_fraction = adapt_fraction
+        self.lr_schedule = lr_schedule
+        self.num_rounds = num_rounds
+        first_unseen = num_nodes - round(unseen_fraction * num_nodes)
+        self.seen = list(range(first_unseen))
+        self.unseen = list(range(first_unseen, num_nodes))
         self.shared = protocol.shared_parts(self.algorithm)
         self.node_of_partition: dict[int, int] = {}
+        self.rejections: dict[int, list[str]] = {}
         self.train_sizes: dict[int, int] = {}
         self.test_sizes: dict[int, int] = {}
 
@@ -123,9 +146,7 @@ class FedpersStrategy(FedAvg):
                 f"no node holds partition(s) {missing[:10]}; expected partitions "
                 f"0..{self.num_nodes - 1} (num-partitions = num-clients = {self.num_nodes})"
             )
-        logger.info(
-            "%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1
-        )
+        logger.info("%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1)
 
     def query(
         self,
@@ -138,14 +159,11 @@ class FedpersStrategy(FedAvg):
     ) -> list[Message]:
         """Send one query to each node; every node must answer without error."""
         messages = [
-            Message(
-                content=content or RecordDict(), message_type=message_type, dst_node_id=n
-            )
+            Message(content=content or RecordDict(), message_type=message_type, dst_node_id=n)
             for n in node_ids
         ]
         replies = {
-            r.metadata.src_node_id: r
-            for r in grid.send_and_receive(messages, timeout=timeout)
+            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
         }
         failed = [
             f"node {n}: {replies[n].error.reason if n in replies else 'no reply'}"
@@ -173,12 +191,19 @@ class FedpersStrategy(FedAvg):
 
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
-        """Partition ids trained in ``server_round`` (seeded, sorted)."""
-        count = max(1, round(self.fraction_train * self.num_nodes))
-        chosen = rng(self.seed, "sample", server_round).choice(
-            self.num_nodes, count, replace=False
-        )
+        """Partition ids trained in ``server_round`` (seeded, sorted; seen clients only)."""
+        count = max(1, round(self.fraction_train * len(self.seen)))
+        chosen = rng(self.seed, "sample", server_round).choice(self.seen, count, replace=False)
         return sorted(int(p) for p in chosen)
+
+    def lr_factor(self, server_round: int) -> float:
+        """Multiplier of the learning rate in ``server_round`` under the schedule."""
+        if self.lr_schedule == "milestones":
+            if server_round > 0.75 * self.num_rounds:
+                return 0.01
+            if server_round > 0.5 * self.num_rounds:
+                return 0.1
+        return 1.0
 
     def in_partition_order(self, replies: Iterable[Message]) -> list[Message]:
         """Replies sorted by partition id: aggregation sums floats in a fixed order, so
@@ -198,31 +223,63 @@ class FedpersStrategy(FedAvg):
     ) -> Iterable[Message]:
         """TRAIN to this round's sample, carrying the shared arrays and the settings."""
         config[protocol.ROUND] = server_round
+        if protocol.LR in config:
+            base_lr = float(config[protocol.LR])  # type: ignore[arg-type]
+            config[protocol.LR] = base_lr * self.lr_factor(server_round)
         nodes = [self.node_of_partition[p] for p in self.sample(server_round)]
         return self._messages(nodes, arrays, config, MessageType.TRAIN)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """EVALUATE to every node (or none when the run is evaluated on the server)."""
+        """EVALUATE to every seen node (none when the run is evaluated on the server)."""
         if not self.evaluate_nodes:
             return []
         config[protocol.ROUND] = server_round
-        return self._messages(
-            sorted(self.node_of_partition.values()), arrays, config, MessageType.EVALUATE
-        )
+        nodes = [self.node_of_partition[p] for p in self.seen]
+        return self._messages(nodes, arrays, config, MessageType.EVALUATE)
 
     def summary(self) -> None:
         """Log the strategy's configuration."""
         logger.info(
-            "%s: %d nodes, %.0f%% trained per round (%d), shared parts %s, seed %d",
+            "%s: %d nodes (%d unseen), %.0f%% trained per round (%d), shared %s, seed %d",
             type(self).__name__,
             self.num_nodes,
+            len(self.unseen),
             100 * self.fraction_train,
-            max(1, round(self.fraction_train * self.num_nodes)),
+            max(1, round(self.fraction_train * len(self.seen))),
             list(self.shared) or "none",
             self.seed,
         )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAvg's weighted average of the replies that pass ``screen``."""
+        return super().aggregate_train(server_round, self.screen(server_round, replies))
+
+    def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """Replies fit to aggregate: no error, every array and metric finite.
+
+        A rejected reply is logged with its reason and counted in ``rejections``; it
+        never reaches an average.
+        """
+        partition_of = {node: p for p, node in self.node_of_partition.items()}
+        kept = []
+        for reply in replies:
+            partition = partition_of.get(reply.metadata.src_node_id, -1)
+            reason = _defect(reply)
+            if reason is None:
+                kept.append(reply)
+                continue
+            logger.warning(
+                "round %d: left out the reply of partition %d: %s",
+                server_round,
+                partition,
+                reason,
+            )
+            self.rejections.setdefault(server_round, []).append(f"partition {partition}: {reason}")
+        return kept
 
     # ------------------------------------------------------------------ round loop
     def start(
@@ -255,9 +312,7 @@ class FedpersStrategy(FedAvg):
                     server_round, arrays, ConfigRecord(dict(train_config or {})), grid
                 )
             )
-            replies = self.in_partition_order(
-                grid.send_and_receive(messages, timeout=timeout)
-            )
+            replies = self.in_partition_order(grid.send_and_receive(messages, timeout=timeout))
             succeeded = sum(not r.has_error() for r in replies)
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
             if new_arrays is not None:
@@ -295,6 +350,7 @@ class FedpersStrategy(FedAvg):
                         replies=succeeded,
                         failures=len(messages) - succeeded,
                         evaluated=evaluated,
+                        rejected=len(self.rejections.get(server_round, [])),
                         train_seconds=trained - started,
                         evaluate_seconds=time.monotonic() - trained,
                     )
@@ -309,9 +365,37 @@ class FedpersStrategy(FedAvg):
         *,
         server_round: int,
         timeout: float,
-    ) -> MetricRecord | None:
-        """An extra evaluation after the last round (the +FT baselines); none by default."""
-        return None
+    ) -> tuple[str, MetricRecord] | None:
+        """An evaluation after the last round: ``("unseen", metrics)`` of the unseen
+        clients, each adapting on part of its data first; None without unseen clients.
+        (FedAvg+FT overrides it with its fine-tuned evaluation.)"""
+        if not self.unseen:
+            return None
+        config = ConfigRecord(dict(config))
+        config[protocol.ROUND] = server_round
+        config[protocol.UNSEEN] = 1
+        config[protocol.ADAPT_FRACTION] = self.adapt_fraction
+        nodes = [self.node_of_partition[p] for p in self.unseen]
+        messages = self._messages(nodes, arrays, config, MessageType.EVALUATE)
+        replies = self.in_partition_order(grid.send_and_receive(messages, timeout=timeout))
+        metrics = self.aggregate_evaluate(server_round, replies)
+        return None if metrics is None else ("unseen", metrics)
+
+
+def _defect(reply: Message) -> str | None:
+    """Why a reply cannot be aggregated, or None."""
+    if reply.has_error():
+        return f"client error: {reply.error.reason}"
+    for name, arrays in reply.content.array_records.items():
+        for key, array in arrays.items():
+            values = array.numpy()
+            if np.issubdtype(values.dtype, np.number) and not np.all(np.isfinite(values)):
+                return f"non-finite values in array '{name}/{key}'"
+    for metrics in reply.content.metric_records.values():
+        for key, value in metrics.items():
+            if isinstance(value, float) and not np.isfinite(value):
+                return f"non-finite metric '{key}'"
+    return None
 
 
 def _plain(metrics: MetricRecord | None) -> dict[str, float]:

@@ -46,10 +46,11 @@ class FedAvgFT(FederatedAveraging):
         *,
         server_round: int,
         timeout: float,
-    ) -> MetricRecord | None:
+    ) -> tuple[str, MetricRecord] | None:
         """Every node fine-tunes its head on the final global model, then tests."""
         config = ConfigRecord(dict(config))
         config[protocol.FINETUNE_EPOCHS] = self.finetune_epochs
         messages = self.configure_evaluate(server_round, arrays, config, grid)
         replies = self.in_partition_order(grid.send_and_receive(messages, timeout=timeout))
-        return self.aggregate_evaluate(server_round, replies)
+        metrics = self.aggregate_evaluate(server_round, replies)
+        return None if metrics is None else ("finetuned", metrics)

@@ -23,9 +23,7 @@ class Local(FedpersStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Training metrics only."""
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        valid = self.screen(server_round, replies)
         if not valid:
             return None, None
-        return None, self.train_metrics_aggr_fn(
-            [m.content for m in valid], self.weighted_by_key
-        )
+        return None, self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)

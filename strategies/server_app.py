@@ -30,8 +30,7 @@ def main(grid: Grid, context: Context) -> None:
     route_to_flower()
     config = RunConfig.from_mapping(context.run_config)
     run_name = (
-        config.run_name
-        or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     directory = run_directory(config.results_dir, run_name)
     progress = f"server.{DISTANCE}" if config.is_linear else "evaluate.accuracy"
@@ -79,14 +78,20 @@ def main(grid: Grid, context: Context) -> None:
         before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
         summary = {"final_accuracy": before}
         if final is not None:
-            summary = {
-                "final_accuracy": float(final[protocol.ACCURACY]),  # type: ignore[arg-type]
-                "final_accuracy_before_finetune": before,
-            }
+            kind, metrics = final
+            accuracy = float(metrics[protocol.ACCURACY])  # type: ignore[arg-type]
+            if kind == "finetuned":
+                summary = {
+                    "final_accuracy": accuracy,
+                    "final_accuracy_before_finetune": before,
+                }
+            else:
+                summary = {"final_accuracy": before, "unseen_accuracy": accuracy}
+        mixture = [r.train.get(protocol.LOG_LIKELIHOOD) for r in recorder.records]
+        if any(v is not None for v in mixture):
+            summary["train_log_likelihood"] = [v for v in mixture if v is not None]
     summary["algorithm"] = config.algorithm
-    summary["final_train_loss"] = final_mean(
-        recorder.records, "train.loss", config.final_rounds
-    )
+    summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
     written = recorder.finish(summary, plots=[progress])
     logger.info("summary: %s", written)
 

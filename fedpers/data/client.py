@@ -3,23 +3,39 @@
 No data crosses the network: every client regenerates or reads the whole data set,
 computes the same deterministic partition, and keeps its own part. Both steps are
 cached per process (a Ray actor serves many virtual clients), so the cost is paid once.
+The synthetic mixtures go further: each client draws only its own samples.
+
+Two test protocols (run-config key ``test-split``):
+- ``dataset`` (FedRep's): training samples come from the data set's training split;
+  each client's test samples from its test split, over the client's own classes;
+- ``per-client`` (FedEM's and FedGMM's): train and test splits are pooled, partitioned,
+  and each client splits its own samples 60/20/20 into train/validation/test. The
+  synthetic mixtures and the joint-distribution shift always use it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
 from fedpers.config import RunConfig
+from fedpers.data.mixture import MixtureTasks
 from fedpers.data.partition import (
     partition_classes,
     partition_dirichlet,
     partition_lognormal,
     split_test_like_train,
 )
+from fedpers.data.registry import DATASETS
+from fedpers.data.shift import joint_shift, parse_transforms, transform_images
 from fedpers.data.sources import Dataset, load_dataset
+from fedpers.seeding import rng
+
+SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
+_EMPTY = np.zeros((0,), dtype=np.float32)
+
 
 @dataclass(frozen=True)
 class ClientData:
@@ -29,6 +45,8 @@ class ClientData:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    x_val: np.ndarray = field(default_factory=lambda: _EMPTY)
+    y_val: np.ndarray = field(default_factory=lambda: _EMPTY.astype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -44,10 +62,27 @@ class DataKey:
     dirichlet_alpha: float
     lognormal_sigma: float
     samples_per_client: int
+    per_client_split: bool
+    joint_shift: bool
+    shift_transforms: str
+    shift_fraction: float
+    mixture: MixtureTasks | None
 
     @classmethod
     def of(cls, config: RunConfig) -> DataKey:
         """The data key of a run configuration."""
+        mixture = None
+        if config.dataset == "mixture":
+            mixture = MixtureTasks(
+                dim=config.mixture_dim,
+                components=config.mixture_components,
+                alpha=config.mixture_alpha,
+                covariance=config.mixture_covariance,
+                labels=config.mixture_labels,
+                sizes=config.mixture_sizes,
+                samples=config.samples_per_client,
+                seed=config.seed,
+            )
         return cls(
             dataset=config.dataset,
             data_root=config.data_root,
@@ -58,25 +93,62 @@ class DataKey:
             dirichlet_alpha=config.dirichlet_alpha,
             lognormal_sigma=config.lognormal_sigma,
             samples_per_client=config.samples_per_client,
+            per_client_split=config.per_client_split or config.joint_shift,
+            joint_shift=config.joint_shift,
+            shift_transforms=config.shift_transforms,
+            shift_fraction=config.shift_fraction,
+            mixture=mixture,
         )
 
 
-def client_data(config: RunConfig, partition_id: int) -> ClientData:
-    """The train and test data of client ``partition_id``."""
+def client_data(
+    config: RunConfig, partition_id: int, *, transforms: tuple[str, ...] = ()
+) -> ClientData:
+    """The train (validation) and test data of client ``partition_id``.
+
+    ``transforms`` (image data only) applies image transforms to the client's raw
+    samples before normalization: the out-of-distribution copies of its data.
+    """
     key = DataKey.of(config)
     if not 0 <= partition_id < key.num_clients:
         raise ValueError(
             f"partition-id {partition_id} is outside 0..{key.num_clients - 1} "
             f"(run config num-clients = {key.num_clients})"
         )
+    if key.mixture is not None:
+        if transforms:
+            raise ValueError("image transforms do not apply to the synthetic mixtures")
+        x, y, _ = key.mixture.sample(partition_id)
+        return _split_per_client(x, y, key.seed, partition_id)
     dataset = _dataset(key)
+
+    def features(raw: np.ndarray) -> np.ndarray:
+        if transforms:
+            info = DATASETS[key.dataset]
+            if info.image_shape is None:
+                raise ValueError(f"dataset='{key.dataset}' has no images to transform")
+            raw = transform_images(raw, transforms, image_shape=info.image_shape, maximum=info.raw_maximum)
+        return dataset.features(raw)
+
+    if key.per_client_split:
+        x_all, y_all = _pooled(key)
+        mine = pooled_partitions(key)[partition_id]
+        return _split_per_client(features(x_all[mine]), y_all[mine], key.seed, partition_id)
     train, test = partitions(key)
     return ClientData(
-        x_train=dataset.features(dataset.x_train[train[partition_id]]),
+        x_train=features(dataset.x_train[train[partition_id]]),
         y_train=dataset.y_train[train[partition_id]],
-        x_test=dataset.features(dataset.x_test[test[partition_id]]),
+        x_test=features(dataset.x_test[test[partition_id]]),
         y_test=dataset.y_test[test[partition_id]],
     )
+
+
+def _split_per_client(x: np.ndarray, y: np.ndarray, seed: int, partition_id: int) -> ClientData:
+    order = rng(seed, "client-split", partition_id).permutation(len(y))
+    n_train = int(round(SPLIT[0] * len(y)))
+    n_val = int(round(SPLIT[1] * len(y)))
+    train, val, test = np.split(order, [n_train, n_train + n_val])
+    return ClientData(x[train], y[train], x[test], y[test], x[val], y[val])
 
 
 @lru_cache(maxsize=2)
@@ -89,17 +161,13 @@ def _dataset(key: DataKey) -> Dataset:
     )
 
 
-@lru_cache(maxsize=2)
-def partitions(key: DataKey) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Train and test indices of every client (cached per process)."""
-    dataset = _dataset(key)
-    labels = dataset.y_train
+def _split_over_clients(key: DataKey, labels: np.ndarray) -> list[np.ndarray]:
     if key.partitioner == "classes":
-        train = partition_classes(labels, key.num_clients, key.classes_per_client, key.seed)
-    elif key.partitioner == "dirichlet":
-        train = partition_dirichlet(labels, key.num_clients, key.dirichlet_alpha, key.seed)
-    elif key.partitioner == "lognormal":
-        train = partition_lognormal(
+        return partition_classes(labels, key.num_clients, key.classes_per_client, key.seed)
+    if key.partitioner == "dirichlet":
+        return partition_dirichlet(labels, key.num_clients, key.dirichlet_alpha, key.seed)
+    if key.partitioner == "lognormal":
+        return partition_lognormal(
             labels,
             key.num_clients,
             key.classes_per_client,
@@ -107,7 +175,57 @@ def partitions(key: DataKey) -> tuple[list[np.ndarray], list[np.ndarray]]:
             sigma=key.lognormal_sigma,
             seed=key.seed,
         )
-    else:
-        raise ValueError(f"unknown partitioner '{key.partitioner}'")
-    test = split_test_like_train([labels[idx] for idx in train], dataset.y_test, key.seed)
+    raise ValueError(f"unknown partitioner '{key.partitioner}'")
+
+
+@lru_cache(maxsize=2)
+def partitions(key: DataKey) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Train and test indices of every client, FedRep's protocol (cached per process)."""
+    dataset = _dataset(key)
+    train = _split_over_clients(key, dataset.y_train)
+    test = split_test_like_train([dataset.y_train[i] for i in train], dataset.y_test, key.seed)
     return train, test
+
+
+@lru_cache(maxsize=2)
+def _pooled(key: DataKey) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test splits pooled (raw), with the joint shift applied if asked."""
+    dataset = _dataset(key)
+    x = np.concatenate([dataset.x_train, dataset.x_test])
+    y = np.concatenate([dataset.y_train, dataset.y_test])
+    if key.joint_shift:
+        info = DATASETS[key.dataset]
+        assert info.image_shape is not None
+        x, y, _ = joint_shift(
+            x,
+            y,
+            names=parse_transforms(key.shift_transforms),
+            fraction=key.shift_fraction,
+            num_classes=info.num_classes,
+            image_shape=info.image_shape,
+            maximum=info.raw_maximum,
+            seed=key.seed,
+        )
+    return x, y
+
+
+@lru_cache(maxsize=2)
+def pooled_partitions(key: DataKey) -> list[np.ndarray]:
+    """Indices into the pooled data of every client, the per-client protocol."""
+    return _split_over_clients(key, _pooled(key)[1])
+
+
+def adaptation_split(
+    data: ClientData, fraction: float, seed: int, partition_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An unseen client's data pooled and split: (x, y) to adapt on, (x, y) to test on.
+
+    FedGMM's Table 4 protocol: a client that never trained adapts on ``fraction`` of
+    its samples and is tested on the rest.
+    """
+    parts = [(data.x_train, data.y_train), (data.x_val, data.y_val), (data.x_test, data.y_test)]
+    x = np.concatenate([p[0] for p in parts if len(p[1])])
+    y = np.concatenate([p[1] for p in parts if len(p[1])])
+    order = rng(seed, "adapt-split", partition_id).permutation(len(y))
+    cut = int(round(fraction * len(y)))
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]

@@ -18,21 +18,28 @@ class DatasetInfo:
     ----------
     num_classes : int
         Number of labels (1 for the regression tasks).
-    input_shape : tuple of int
-        Shape of one input sample as the model sees it.
+    input_shape : tuple of int, optional
+        Shape of one input sample as the model sees it (None: set by the run config).
     default_model : str
         Model used when the run config says ``model = "auto"``.
     embedded : bool
         True when the data set needs no files (generated or shipped with a package).
     how_to_get : str
         For data sets read from a local root: how to place the files there.
+    image_shape : tuple of int, optional
+        Channels-first image shape of the raw samples (None: not images), for the
+        image transforms of the joint-distribution shift.
+    raw_maximum : float
+        Largest raw value (for the ``invert`` transform).
     """
 
     num_classes: int
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...] | None
     default_model: str
     embedded: bool
     how_to_get: str = ""
+    image_shape: tuple[int, ...] | None = None
+    raw_maximum: float = 255.0
 
 
 _TORCHVISION_HINT = (
@@ -43,14 +50,18 @@ _TORCHVISION_HINT = (
 
 DATASETS: dict[str, DatasetInfo] = {
     "mnist1d": DatasetInfo(10, (40,), "mnist1d-mlp", embedded=True),
-    "digits": DatasetInfo(10, (64,), "digits-mlp", embedded=True),
-    "linear": DatasetInfo(1, (10,), "linear", embedded=True),
+    "digits": DatasetInfo(
+        10, (64,), "digits-mlp", embedded=True, image_shape=(1, 8, 8), raw_maximum=16.0
+    ),
+    "linear": DatasetInfo(1, None, "linear", embedded=True),
+    "mixture": DatasetInfo(2, None, "logistic", embedded=True),
     "mnist": DatasetInfo(
         10,
         (1, 28, 28),
         "femnist-mlp",
         embedded=False,
         how_to_get=_TORCHVISION_HINT.format(cls="MNIST", extra="", folder="MNIST"),
+        image_shape=(1, 28, 28),
     ),
     "femnist": DatasetInfo(
         10,
@@ -60,6 +71,7 @@ DATASETS: dict[str, DatasetInfo] = {
         how_to_get=_TORCHVISION_HINT.format(
             cls="EMNIST", extra=", split='letters'", folder="EMNIST"
         ),
+        image_shape=(1, 28, 28),
     ),
     "cifar10": DatasetInfo(
         10,
@@ -69,6 +81,7 @@ DATASETS: dict[str, DatasetInfo] = {
         how_to_get=_TORCHVISION_HINT.format(
             cls="CIFAR10", extra="", folder="cifar-10-batches-py"
         ),
+        image_shape=(3, 32, 32),
     ),
     "cifar100": DatasetInfo(
         100,
@@ -78,6 +91,7 @@ DATASETS: dict[str, DatasetInfo] = {
         how_to_get=_TORCHVISION_HINT.format(
             cls="CIFAR100", extra="", folder="cifar-100-python"
         ),
+        image_shape=(3, 32, 32),
     ),
 }
 
@@ -88,5 +102,6 @@ MODEL_INPUTS: dict[str, tuple[int, ...] | None] = {
     "femnist-mlp": (1, 28, 28),
     "cifar10-cnn": (3, 32, 32),
     "cifar100-cnn": (3, 32, 32),
+    "logistic": None,  # any input, flattened
     "linear": None,  # any vector input
 }

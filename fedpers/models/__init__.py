@@ -10,6 +10,7 @@ digits, and the linear representation model of Section 4.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -29,9 +30,7 @@ class SplitModel(nn.Module):
         return self.head(self.body(x))
 
 
-def mlp(
-    sizes: list[int], *, final_activation: bool = True, dropout: float = 0.0
-) -> nn.Sequential:
+def mlp(sizes: list[int], *, final_activation: bool = True, dropout: float = 0.0) -> nn.Sequential:
     """Linear layers of the given sizes with ReLU between them."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
@@ -43,22 +42,27 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def _mnist1d_mlp(num_classes: int) -> SplitModel:
+def _logistic(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """Multinomial logistic regression: no representation, a linear head on the inputs."""
+    return SplitModel(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+def _mnist1d_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(mlp([40, 128, 64]), nn.Linear(64, num_classes))
 
 
-def _digits_mlp(num_classes: int) -> SplitModel:
+def _digits_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(mlp([64, 128, 64]), nn.Linear(64, num_classes))
 
 
-def _femnist_mlp(num_classes: int) -> SplitModel:
+def _femnist_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """FedRep's FEMNIST MLP 784-512-256-64 | 64-C (plain logits: no softmax before CE)."""
     return SplitModel(
         nn.Sequential(nn.Flatten(), mlp([784, 512, 256, 64])), nn.Linear(64, num_classes)
     )
 
 
-def _cifar10_cnn(num_classes: int) -> SplitModel:
+def _cifar10_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """FedRep's CIFAR-10 CNN: 2 conv 5x5 (64) + pool, fc 1600-120-64 | 64-C, no BN."""
     body = nn.Sequential(
         nn.Conv2d(3, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
@@ -68,7 +72,7 @@ def _cifar10_cnn(num_classes: int) -> SplitModel:
     return SplitModel(body, nn.Linear(64, num_classes))
 
 
-def _cifar100_cnn(num_classes: int) -> SplitModel:
+def _cifar100_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """FedRep's CIFAR-100 CNN: conv 64, 128, fc 3200-256-128, dropout 0.6 | 128-C."""
     body = nn.Sequential(
         nn.Conv2d(3, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
@@ -86,7 +90,8 @@ def linear_model(dim: int, rank: int) -> SplitModel:
     return SplitModel(nn.Linear(dim, rank, bias=False), nn.Linear(rank, 1, bias=False))
 
 
-MODELS: dict[str, Callable[[int], SplitModel]] = {
+MODELS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
+    "logistic": _logistic,
     "mnist1d-mlp": _mnist1d_mlp,
     "digits-mlp": _digits_mlp,
     "femnist-mlp": _femnist_mlp,
@@ -95,14 +100,17 @@ MODELS: dict[str, Callable[[int], SplitModel]] = {
 }
 
 
-def build_model(name: str, num_classes: int, seed: int) -> SplitModel:
+def build_model(
+    name: str, num_classes: int, seed: int, input_shape: tuple[int, ...] = ()
+) -> SplitModel:
     """The model ``name`` with weights drawn from ``seed``, equal in every process.
 
-    The global torch RNG is left as it was.
+    ``input_shape`` is needed by models that take any input (``logistic``). The global
+    torch RNG is left as it was.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](num_classes)
+        return MODELS[name](input_shape, num_classes)
 
 
 def part_arrays(model: nn.Module, parts: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -46,17 +46,13 @@ def _client(
         ("local", set(), {"body", "head"}),
     ],
 )
-def test_each_algorithm_shares_and_keeps_its_parts(
-    algorithm: str, shared: set, kept: set
-) -> None:
+def test_each_algorithm_shares_and_keeps_its_parts(algorithm: str, shared: set, kept: set) -> None:
     state = RecordDict()
     client = _client(algorithm, state)
     arrays, metrics = client.fit(client.initial_arrays(), ConfigRecord(TRAIN))
     assert {name.split(".")[0] for name in arrays} == shared
     stored = state.get(protocol.STATE_PERSONAL)
-    assert (
-        {name.split(".")[0] for name in stored} if stored is not None else set()
-    ) == kept
+    assert ({name.split(".")[0] for name in stored} if stored is not None else set()) == kept
     assert metrics[protocol.NUM_EXAMPLES] == client.sizes()[0]
 
 
@@ -87,21 +83,15 @@ def test_personal_head_persists_across_rounds_and_is_restored() -> None:
     state = RecordDict()
     first = _client("fedrep", state)
     body, _ = first.fit(first.initial_arrays(), ConfigRecord(TRAIN))
-    head_after_round_1 = {
-        k: v.numpy().copy() for k, v in state[protocol.STATE_PERSONAL].items()
-    }
+    head_after_round_1 = {k: v.numpy().copy() for k, v in state[protocol.STATE_PERSONAL].items()}
     second = _client("fedrep", state)  # a fresh process: only context.state survives
     for name, value in head_after_round_1.items():
         assert_array_equal(second.model.state_dict()[name].numpy(), value)
     untouched = _client("fedrep")  # a client never trained keeps the initial head
     initial_head = {
-        k: v.numpy()
-        for k, v in untouched.model.state_dict().items()
-        if k.startswith("head")
+        k: v.numpy() for k, v in untouched.model.state_dict().items() if k.startswith("head")
     }
-    assert any(
-        not np.array_equal(initial_head[k], v) for k, v in head_after_round_1.items()
-    )
+    assert any(not np.array_equal(initial_head[k], v) for k, v in head_after_round_1.items())
     assert set(body) == {k for k in untouched.model.state_dict() if k.startswith("body")}
 
 
@@ -172,11 +162,7 @@ def test_gd_gd_takes_gradient_steps_from_the_stored_head() -> None:
 def test_fedsgd_client_steps_on_both_parts() -> None:
     client = _linear_client("fedsgd", RecordDict())
     b, w = np.random.default_rng(2).standard_normal((10, 2)), np.array([0.3, -0.2])
-    arrays, _ = client.fit(
-        {"body.weight": b.T, "head.weight": w[None, :]}, ConfigRecord(TRAIN)
-    )
+    arrays, _ = client.fit({"body.weight": b.T, "head.weight": w[None, :]}, ConfigRecord(TRAIN))
     x, y = client.samples("train", 1)
-    assert_allclose(
-        arrays["body.weight"].T, b - 0.05 * linear.representation_gradient(x, y, b, w)
-    )
+    assert_allclose(arrays["body.weight"].T, b - 0.05 * linear.representation_gradient(x, y, b, w))
     assert_allclose(arrays["head.weight"][0], w - 0.05 * linear.head_gradient(x, y, b, w))

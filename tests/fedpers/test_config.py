@@ -43,9 +43,7 @@ def test_defaults_parse_and_round_trip() -> None:
         ({"no-such-key": 1}, "unknown run-config key 'no-such-key'"),
     ],
 )
-def test_bad_values_name_the_key_and_what_is_allowed(
-    overrides: dict, fragment: str
-) -> None:
+def test_bad_values_name_the_key_and_what_is_allowed(overrides: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_run_config(overrides)
     assert fragment in str(error.value)

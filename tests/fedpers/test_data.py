@@ -43,9 +43,7 @@ def test_test_split_follows_training_classes_and_proportions() -> None:
     joined = np.concatenate(tests)
     assert len(joined) == len(np.unique(joined)) == len(test_labels)
     for train_part, test_part in zip(parts, tests, strict=True):
-        assert set(np.unique(test_labels[test_part])) <= set(
-            np.unique(train_labels[train_part])
-        )
+        assert set(np.unique(test_labels[test_part])) <= set(np.unique(train_labels[train_part]))
     # Proportional: each client's share of class c in test matches its share in train
     # within one sample (largest-remainder rounding).
     for c in range(10):
@@ -159,13 +157,9 @@ def test_cifar_loaders_read_torchvision_pickles(
         }
         (folder / file).write_bytes(pickle.dumps(batch))
     meta_file, meta_key = (
-        ("batches.meta", "label_names")
-        if name == "cifar10"
-        else ("meta", "fine_label_names")
+        ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
     )
-    (folder / meta_file).write_bytes(
-        pickle.dumps({meta_key: [str(i) for i in range(classes)]})
-    )
+    (folder / meta_file).write_bytes(pickle.dumps({meta_key: [str(i) for i in range(classes)]}))
     # The files are in torchvision's format; only its MD5 check against the real
     # archive is bypassed.
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
@@ -184,9 +178,7 @@ def test_missing_dataset_says_how_to_get_it(tmp_path: Path, name: str) -> None:
 
 
 def test_client_data_is_the_clients_own_partition() -> None:
-    config = load_run_config(
-        {"dataset": "digits", "num-clients": 10, "classes-per-client": 2}
-    )
+    config = load_run_config({"dataset": "digits", "num-clients": 10, "classes-per-client": 2})
     train, test = partitions(DataKey.of(config))
     data = client_data(config, 3)
     assert len(data.y_train) == len(train[3])

@@ -27,9 +27,7 @@ def test_orthonormalize_keeps_column_space_and_is_orthonormal() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), d=st.integers(3, 12), k=st.integers(1, 3))
-def test_principal_angle_distance_is_sine_of_largest_scipy_angle(
-    seed: int, d: int, k: int
-) -> None:
+def test_principal_angle_distance_is_sine_of_largest_scipy_angle(seed: int, d: int, k: int) -> None:
     a, b = _random((d, k), seed), _random((d, k), seed + 1)
     expected = np.sin(subspace_angles(a, b).max())
     assert linear.principal_angle_distance(a, b) == pytest.approx(expected, abs=1e-10)

@@ -53,12 +53,8 @@ def test_recorder_refuses_to_overwrite_results(tmp_path: Path) -> None:
 
 
 def test_final_mean_averages_the_last_rounds_that_report() -> None:
-    records = [
-        RoundRecord(round=r, seconds=0, evaluate={"accuracy": r / 10}) for r in range(1, 11)
-    ]
-    assert final_mean(records, "evaluate.accuracy", last=3) == pytest.approx(
-        (0.8 + 0.9 + 1.0) / 3
-    )
+    records = [RoundRecord(round=r, seconds=0, evaluate={"accuracy": r / 10}) for r in range(1, 11)]
+    assert final_mean(records, "evaluate.accuracy", last=3) == pytest.approx((0.8 + 0.9 + 1.0) / 3)
     assert math.isnan(final_mean(records, "train.loss", last=3))
 
 

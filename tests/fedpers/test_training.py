@@ -39,8 +39,7 @@ def test_frozen_part_is_bitwise_unchanged_despite_momentum_and_decay(
     for name, value in part_arrays(model, (frozen,)).items():
         np.testing.assert_array_equal(value, frozen_before[name])
     changed = [
-        not np.array_equal(v, trained_before[k])
-        for k, v in part_arrays(model, (trained,)).items()
+        not np.array_equal(v, trained_before[k]) for k, v in part_arrays(model, (trained,)).items()
     ]
     assert all(changed)
     assert all(p.requires_grad for p in model.parameters())  # restored afterwards
@@ -127,12 +126,14 @@ def test_models_split_into_body_and_head_and_are_seeded(name: str) -> None:
         "mnist1d-mlp": (2, 40),
         "digits-mlp": (2, 64),
         "femnist-mlp": (2, 1, 28, 28),
+        "logistic": (2, 5),
     }.get(name, (2, 3, 32, 32))
-    model = build_model(name, classes, seed=3)
+    model = build_model(name, classes, seed=3, input_shape=shape[1:])
     assert model(torch.zeros(shape)).shape == (2, classes)
-    assert {k.split(".")[0] for k in model.state_dict()} == {"body", "head"}
+    parts = {k.split(".")[0] for k in model.state_dict()}
+    assert parts == ({"head"} if name == "logistic" else {"body", "head"})
     assert len(part_arrays(model, ("head",))) == 2  # the head is the last linear layer
-    again = build_model(name, classes, seed=3)
+    again = build_model(name, classes, seed=3, input_shape=shape[1:])
     for key, value in part_arrays(model, ("body", "head")).items():
         np.testing.assert_array_equal(value, part_arrays(again, ("body", "head"))[key])
 

@@ -13,9 +13,7 @@ from tests.simulations.conftest import processes_with_home
 pytestmark = pytest.mark.flower
 
 
-def test_fedrep_runs_with_100_virtual_clients(
-    simulation: LocalSimulation, tmp_path: Path
-) -> None:
+def test_fedrep_runs_with_100_virtual_clients(simulation: LocalSimulation, tmp_path: Path) -> None:
     directory = simulation.run(
         {
             "algorithm": "fedrep",

@@ -66,9 +66,7 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:
     (out / "precious.txt").write_text("results of an earlier run")
     with pytest.raises(SystemExit, match="not empty; pass --overwrite"):
         fedrep_images.main(["--out", str(out), "--quick"])
-    with pytest.raises(
-        SystemExit, match="'classes-per-client' = 11 must be between 1 and the 10"
-    ):
+    with pytest.raises(SystemExit, match="'classes-per-client' = 11 must be between 1 and the 10"):
         fedrep_images.main(["--out", str(tmp_path / "new"), "--classes-per-client", "11"])
     assert (out / "precious.txt").read_text() == "results of an earlier run"
     assert not (tmp_path / "new").exists()

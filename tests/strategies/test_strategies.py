@@ -30,9 +30,7 @@ from tests.helpers import InProcessGrid, run_config
 
 
 def _reply(to_node: int, arrays: dict[str, np.ndarray], num_examples: float) -> Message:
-    request = Message(
-        content=RecordDict(), message_type=MessageType.TRAIN, dst_node_id=to_node
-    )
+    request = Message(content=RecordDict(), message_type=MessageType.TRAIN, dst_node_id=to_node)
     request.metadata.__dict__["_message_id"] = f"m{to_node}"
     content = RecordDict(
         {
@@ -49,8 +47,7 @@ def test_fedrep_averages_the_body_weighted_by_examples() -> None:
     strategy = FedRep(num_nodes=3)
     bodies = [np.full((2, 2), v, dtype=np.float32) for v in (1.0, 2.0, 4.0)]
     replies = [
-        _reply(n, {"body.w": b}, w)
-        for n, (b, w) in enumerate(zip(bodies, (1, 1, 2), strict=True))
+        _reply(n, {"body.w": b}, w) for n, (b, w) in enumerate(zip(bodies, (1, 1, 2), strict=True))
     ]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is not None
@@ -162,19 +159,14 @@ def test_fedrep_rounds_send_only_the_body_and_evaluate_every_node() -> None:
     evaluations = _messages(grid, MessageType.EVALUATE)
     assert len(trains) == 2 * 3
     assert len(evaluations) == 2 * 10
-    assert all(
-        {k.split(".")[0] for k in m.content[protocol.ARRAYS]} == {"body"} for m in trains
-    )
+    assert all({k.split(".")[0] for k in m.content[protocol.ARRAYS]} == {"body"} for m in trains)
     assert [r.round for r in recorder.records] == [1, 2]
-    assert all(
-        r.sampled == 3 and r.replies == 3 and r.failures == 0 for r in recorder.records
-    )
+    assert all(r.sampled == 3 and r.replies == 3 and r.failures == 0 for r in recorder.records)
     # Evaluation is weighted by test samples: recompute it from the per-node numbers.
     assert 0.0 < recorder.records[-1].evaluate[protocol.ACCURACY] <= 1.0
     trained = {m.metadata.dst_node_id for m in trains}
     heads = {
-        n: grid.contexts[n].state[protocol.STATE_PERSONAL]["head.weight"].numpy()
-        for n in trained
+        n: grid.contexts[n].state[protocol.STATE_PERSONAL]["head.weight"].numpy() for n in trained
     }
     assert len({h.tobytes() for h in heads.values()}) == len(heads)  # personal heads differ
     untrained = set(grid.contexts) - trained
@@ -186,9 +178,7 @@ def test_local_sends_no_arrays() -> None:
     strategy = build_strategy(config)
     assert isinstance(strategy, Local)
     _run(strategy, grid, config, rounds=1)
-    assert all(
-        len(m.content[protocol.ARRAYS]) == 0 for m in _messages(grid, MessageType.TRAIN)
-    )
+    assert all(len(m.content[protocol.ARRAYS]) == 0 for m in _messages(grid, MessageType.TRAIN))
 
 
 def test_fedavg_ft_final_evaluation_finetunes_every_node() -> None:
@@ -204,16 +194,16 @@ def test_fedavg_ft_final_evaluation_finetunes_every_node() -> None:
         server_round=3,
         timeout=5,
     )
-    finals = [
-        m for m in grid.sent[before:] if m.metadata.message_type == MessageType.EVALUATE
-    ]
+    finals = [m for m in grid.sent[before:] if m.metadata.message_type == MessageType.EVALUATE]
     assert len(finals) == 4
     assert all(
         m.content[protocol.CONFIG][protocol.FINETUNE_EPOCHS] == config.finetune_epochs
         for m in finals
     )
     assert final is not None
-    assert 0.0 <= final[protocol.ACCURACY] <= 1.0
+    kind, metrics = final
+    assert kind == "finetuned"
+    assert 0.0 <= metrics[protocol.ACCURACY] <= 1.0
 
 
 def test_evaluation_is_weighted_by_test_examples() -> None:
@@ -228,18 +218,14 @@ def test_evaluation_is_weighted_by_test_examples() -> None:
 
 
 def _metrics_reply(node: int, *, accuracy: float, examples: float) -> Message:
-    request = Message(
-        content=RecordDict(), message_type=MessageType.EVALUATE, dst_node_id=node
-    )
+    request = Message(content=RecordDict(), message_type=MessageType.EVALUATE, dst_node_id=node)
     request.metadata.__dict__["_message_id"] = f"e{node}"
     record = MetricRecord({protocol.ACCURACY: accuracy, protocol.NUM_EXAMPLES: examples})
     return Message(content=RecordDict({protocol.METRICS: record}), reply_to=request)
 
 
 def test_linear_fedrep_through_the_client_app_learns_the_subspace() -> None:
-    values = run_config(
-        dataset="linear", num_clients=20, fraction_train=0.5, linear_samples=20
-    )
+    values = run_config(dataset="linear", num_clients=20, fraction_train=0.5, linear_samples=20)
     grid = InProcessGrid(client_app, values, 20)
     config = RunConfig.from_mapping(values)
     strategy = build_strategy(config)

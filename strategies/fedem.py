@@ -1,0 +1,95 @@
+"""FedEM (Marfoq et al., "Federated Multi-Task Learning under a Mixture of
+Distributions", NeurIPS 2021): shared learners, personal mixture weights.
+
+Every learner is averaged over the sampled clients weighted by their sample counts;
+the clients' summed responsibilities ``gamma_c`` give the server's global mixture
+weights (used by clients that never trained and for scoring new samples). FedGMM
+extends it with Gaussian components and responsibility-weighted learners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers import gmm, protocol
+from fedpers.protocol import Algorithm
+from strategies.base import FedpersStrategy
+
+
+class FedEM(FedpersStrategy):
+    """Average each learner; keep the global mixture weights from the clients' gammas.
+
+    Parameters
+    ----------
+    learners : int
+        Number of learners M2.
+    **kwargs
+        As for ``FedpersStrategy``.
+    """
+
+    algorithm = Algorithm.FEDEM
+
+    def __init__(self, *, learners: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.learners = learners
+        self.current = ArrayRecord()
+
+    @property
+    def components(self) -> int:
+        """Cells on the component axis of the weights (FedEM: one, no density)."""
+        return 1
+
+    def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
+        """The seeded learners (from one node) and uniform global weights."""
+        arrays = super().initial_arrays(grid, timeout=timeout)
+        cells = self.components * self.learners
+        arrays[protocol.MIXTURE_WEIGHTS] = Array(
+            np.full((self.components, self.learners), 1 / cells)
+        )
+        return arrays
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """As FedpersStrategy; remembers the arrays the aggregation starts from."""
+        self.current = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def learner_weights(self, content: RecordDict) -> np.ndarray:
+        """Weight of a client's learners in their averages (M2,): its sample count."""
+        count = float(content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES])  # type: ignore[arg-type]
+        return np.full(self.learners, count)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Weighted learner averages, global weights, and (FedGMM) the components."""
+        valid = self.screen(server_round, replies)
+        if not valid:
+            return None, None
+        contents = [reply.content for reply in valid]
+        arrays = [c.array_records[protocol.ARRAYS] for c in contents]
+        weights = np.stack([self.learner_weights(c) for c in contents])  # (C, M2)
+        updated = {name: array.numpy() for name, array in self.current.items()}
+        for m in range(self.learners):
+            if not weights[:, m].sum() > 0:
+                continue  # no client used this learner: keep it
+            prefix = protocol.learner_prefix(m)
+            for name in (n for n in updated if n.startswith(prefix)):
+                average = gmm.weighted_average([a[name].numpy() for a in arrays], weights[:, m])
+                updated[name] = average.astype(updated[name].dtype)
+        gammas = [a[protocol.GAMMA].numpy() for a in arrays]
+        updated[protocol.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
+        updated.update(self.aggregate_components(arrays, gammas))
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}), metrics
+
+    def aggregate_components(
+        self, arrays: list[ArrayRecord], gammas: list[np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Further global arrays from the replies; FedEM has none."""
+        return {}

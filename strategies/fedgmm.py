@@ -1,0 +1,172 @@
+"""FedGMM (Wu et al., "Personalized Federated Learning under Mixture of
+Distributions", ICML 2023).
+
+Shared Gaussian components over an embedding of the inputs and shared learners,
+personal weights ``pi_c(m1, m2)``. The server
+
+- initializes, once, the components every client starts from: a pooled PCA (when the
+  embedding asks for one), k-means++ over the clients' local centroids, then the
+  covariances of the points nearest each mean, all from client summaries;
+- aggregates the learners weighted by the clients' responsibilities
+  ``gamma_c(m2) = sum_m1 gamma_c(m1, m2)`` (the paper's rule);
+- updates the components by exact federated EM: it pools the clients' centred
+  sufficient statistics (``gmm-aggregation = "exact"``, equal to centralized EM for one
+  client or clients sharing their weights), or, to reproduce the paper,
+  averages the clients' local means and covariances weighted by ``gamma_c(m1)``
+  (``"average"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers import gmm, protocol
+from fedpers.protocol import Algorithm
+from strategies.fedem import FedEM
+
+PCA_COUNT = "pca.count"
+PCA_SUM = "pca.sum"
+PCA_OUTER = "pca.outer"
+SUMMARY_CENTROIDS = "summary.centroids"
+SUMMARY_COUNTS = "summary.counts"
+
+
+class FedGMM(FedEM):
+    """FedEM plus federated Gaussian components.
+
+    Parameters
+    ----------
+    learners : int
+        Number of learners M2.
+    components : int
+        Number of Gaussian components M1.
+    covariance : str (default: "full")
+        ``full`` or ``diag``.
+    ridge : float (default: 0.01)
+        Added to every covariance's diagonal.
+    aggregation : str (default: "exact")
+        ``exact`` (pooled statistics) or ``average`` (the paper's averaging).
+    embedding : str (default: "identity")
+        ``identity``, ``pca`` or ``resnet18`` (encoder features, then PCA).
+    embedding_dim : int (default: 16)
+        Dimensions kept by the PCA.
+    **kwargs
+        As for ``FedpersStrategy``.
+    """
+
+    algorithm = Algorithm.FEDGMM
+
+    def __init__(
+        self,
+        *,
+        learners: int,
+        components: int,
+        covariance: str = "full",
+        ridge: float = 0.01,
+        aggregation: str = "exact",
+        embedding: str = "identity",
+        embedding_dim: int = 16,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(learners=learners, **kwargs)
+        self.num_components = components
+        self.covariance = covariance
+        self.ridge = ridge
+        self.aggregation = aggregation
+        self.embedding = embedding
+        self.embedding_dim = embedding_dim
+
+    @property
+    def components(self) -> int:
+        return self.num_components
+
+    def learner_weights(self, content: RecordDict) -> np.ndarray:
+        """``gamma_c(m2)``: a client's responsibility for each learner."""
+        gamma = content.array_records[protocol.ARRAYS][protocol.GAMMA].numpy()
+        return np.asarray(gamma.sum(axis=0))
+
+    # ------------------------------------------------------------ initialization
+    def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
+        """Learners and uniform weights (FedEM), then the shared initial components."""
+        arrays = super().initial_arrays(grid, timeout=timeout)
+        nodes = [self.node_of_partition[p] for p in self.seen]
+        if self.embedding != "identity":
+            replies = self.query(grid, protocol.QUERY_PCA, nodes, timeout=timeout)
+            moments = [r.content.array_records[protocol.ARRAYS] for r in replies]
+            mean, directions = gmm.pca_from_moments(
+                float(sum(m[PCA_COUNT].numpy()[0] for m in moments)),
+                np.sum([m[PCA_SUM].numpy() for m in moments], axis=0),
+                np.sum([m[PCA_OUTER].numpy() for m in moments], axis=0),
+                self.embedding_dim,
+            )
+            arrays[protocol.PCA_MEAN] = Array(mean)
+            arrays[protocol.PCA_DIRECTIONS] = Array(np.ascontiguousarray(directions))
+        content = RecordDict({protocol.ARRAYS: arrays})
+        summaries = self.query(
+            grid, protocol.QUERY_SUMMARY, nodes, timeout=timeout, content=content
+        )
+        records = [r.content.array_records[protocol.ARRAYS] for r in summaries]
+        means = gmm.initial_means(
+            np.concatenate([r[SUMMARY_CENTROIDS].numpy() for r in records]),
+            np.concatenate([r[SUMMARY_COUNTS].numpy() for r in records]),
+            self.num_components,
+            self.seed,
+        )
+        arrays[protocol.GMM_MEANS] = Array(np.ascontiguousarray(means))
+        content = RecordDict({protocol.ARRAYS: arrays})
+        assigned = self.query(grid, protocol.QUERY_ASSIGN, nodes, timeout=timeout, content=content)
+        pooled = _pooled([r.content.array_records[protocol.ARRAYS] for r in assigned], means)
+        start = gmm.components_from_statistics(
+            pooled, ridge=self.ridge, previous=_fallback(means, self.covariance)
+        )
+        arrays[protocol.GMM_COVARIANCES] = Array(np.ascontiguousarray(start.covariances))
+        return arrays
+
+    # ---------------------------------------------------------------- aggregation
+    def aggregate_components(
+        self, arrays: list[ArrayRecord], gammas: list[np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """New means and covariances from the clients' centred statistics."""
+        previous = gmm.Components(
+            self.current[protocol.GMM_MEANS].numpy(),
+            self.current[protocol.GMM_COVARIANCES].numpy(),
+        )
+        if self.aggregation == "exact":
+            new = gmm.components_from_statistics(
+                _pooled(arrays, previous.means), ridge=self.ridge, previous=previous
+            )
+        else:
+            local = [
+                gmm.components_from_statistics(
+                    _pooled([a], previous.means), ridge=self.ridge, previous=previous
+                )
+                for a in arrays
+            ]
+            component_weights = np.stack([g.sum(axis=1) for g in gammas])  # (C, M1)
+            new = gmm.average_components(local, component_weights, previous=previous)
+        return {protocol.GMM_MEANS: new.means, protocol.GMM_COVARIANCES: new.covariances}
+
+
+def _pooled(arrays: list[ArrayRecord], center: np.ndarray) -> gmm.Statistics:
+    """Sum of the clients' statistics, all centred on ``center``."""
+    total: gmm.Statistics | None = None
+    for record in arrays:
+        stats = gmm.Statistics(
+            record[protocol.STATS_COUNT].numpy(),
+            record[protocol.STATS_FIRST].numpy(),
+            record[protocol.STATS_SECOND].numpy(),
+            np.asarray(center, dtype=float),
+        )
+        total = stats if total is None else total + stats
+    if total is None:
+        raise ValueError("no statistics to pool")
+    return total
+
+
+def _fallback(means: np.ndarray, covariance: str) -> gmm.Components:
+    """Unit covariances, for a component no client sample is nearest to."""
+    d = means.shape[1]
+    unit = np.stack([np.eye(d)] * len(means)) if covariance == "full" else np.ones_like(means)
+    return gmm.Components(means, unit)
