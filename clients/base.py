@@ -88,7 +88,7 @@ class PersonalizedClient:
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """One round of local training from the server's shared arrays."""
-        self._load_shared(arrays)
+        self.load_shared(arrays)
         server_round = config_int(config, protocol.ROUND)
         generator = self._generator("train", server_round)
         x, y = torch.from_numpy(self.data.x_train), torch.from_numpy(self.data.y_train)
@@ -118,7 +118,7 @@ class PersonalizedClient:
         client's training data for that many epochs (the +FT baselines); the fine-tuned
         head is not stored.
         """
-        self._load_shared(arrays)
+        self.load_shared(arrays)
         if config_int(config, protocol.UNSEEN, default=0):
             # An unseen client (FedAvg in FedGMM's Table 4): the global model tested on
             # the same held-out part the mixtures are tested on, without adaptation.
@@ -157,7 +157,8 @@ class PersonalizedClient:
         }
 
     # ------------------------------------------------------------------- helpers
-    def _load_shared(self, arrays: Arrays) -> None:
+    def load_shared(self, arrays: Arrays) -> None:
+        """Load the server's shared parts; exactly the expected arrays must be there."""
         expected = set(part_arrays(self.model, self.shared))
         if set(arrays) != expected:
             raise ValueError(

@@ -166,3 +166,29 @@ def test_fedsgd_client_steps_on_both_parts() -> None:
     x, y = client.samples("train", 1)
     assert_allclose(arrays["body.weight"].T, b - 0.05 * linear.representation_gradient(x, y, b, w))
     assert_allclose(arrays["head.weight"][0], w - 0.05 * linear.head_gradient(x, y, b, w))
+
+
+def test_gmm_embedding_from_a_local_resnet18_file(tmp_path: Any) -> None:
+    import torch
+    import torchvision
+
+    path = tmp_path / "resnet18.pt"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    run = RunConfig.from_mapping(
+        run_config(
+            algorithm="fedgmm",
+            dataset="digits",
+            num_clients=10,
+            test_split="per-client",
+            gmm_embedding="resnet18",
+            gmm_encoder_weights=str(path),
+            gmm_embedding_dim=8,
+        )
+    )
+    client = client_class(run)(run, 0, RecordDict())
+    moments = client.pca_moments()
+    assert moments["pca.sum"].shape == (512,)  # encoder features, not the 64 pixels
+    directions = np.linalg.qr(np.random.default_rng(0).standard_normal((512, 8)))[0].T
+    z = client.embed(client.data.x_train, {"pca.mean": np.zeros(512), "pca.directions": directions})
+    assert z.shape == (len(client.data.y_train), 8)
+    assert np.all(np.isfinite(z))

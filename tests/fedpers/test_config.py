@@ -41,6 +41,16 @@ def test_defaults_parse_and_round_trip() -> None:
         ),
         ({"momentum": 1.0}, "'momentum' = 1.0 must be < 1"),
         ({"no-such-key": 1}, "unknown run-config key 'no-such-key'"),
+        ({"joint-shift": True}, "'joint-shift' = true needs an image data set"),
+        ({"unseen-fraction": 0.2}, "needs an algorithm that can serve unseen clients"),
+        ({"algorithm": "fedgmm", "gmm-embedding": "resnet18"}, "needs 'gmm-encoder-weights'"),
+        (
+            {"algorithm": "fedgmm", "gmm-embedding": "resnet18", "gmm-encoder-weights": "/no/file"},
+            "'gmm-encoder-weights' = '/no/file' is not a file",
+        ),
+        ({"shift-transforms": "rot90+blur"}, "unknown image transform(s) ['blur']"),
+        ({"gmm-covariance": "tied"}, "'gmm-covariance' = 'tied' is not allowed"),
+        ({"joint-shift": 1}, "'joint-shift' = 1 has type int; it must be bool"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides: dict, fragment: str) -> None:
