@@ -22,6 +22,8 @@ DEEP_CLIENTS: dict[Algorithm, str] = {
     Algorithm.LOCAL: "clients.local:LocalClient",
     Algorithm.FEDEM: "clients.fedem:FedEMClient",
     Algorithm.FEDGMM: "clients.fedgmm:FedGMMClient",
+    Algorithm.SHEAF_FRL: "clients.sheaf:SheafClient",
+    Algorithm.NON_COOPERATIVE: "clients.sheaf:NonCooperativeClient",
 }
 
 LINEAR_CLIENTS: dict[Algorithm, str] = {

@@ -121,6 +121,31 @@ def assign(msg: Message, context: Context) -> Message:
     return _reply(msg, _client(context).assignment_statistics(_arrays(msg)), {})
 
 
+@app.query("pilots")
+def pilots(msg: Message, context: Context) -> Message:
+    """Sheaf-FRL: refit the whitening on the pilots, send the whitened pilot latents."""
+    return _reply(msg, _client(context).pilots_message(_config(msg)), {})
+
+
+@app.query("maps")
+def maps(msg: Message, context: Context) -> Message:
+    """Sheaf-FRL (homogeneous): compute owned edges' maps, send transported pilots."""
+    return _reply(msg, _client(context).maps_message(_arrays(msg)), {})
+
+
+@app.query("transport")
+def transport(msg: Message, context: Context) -> Message:
+    """Sheaf-FRL (private): own pilots transported into each neighbour's frame."""
+    neighbours = [int(n) for n in _config(msg).get("neighbours", []) if int(n) >= 0]  # type: ignore[union-attr]
+    return _reply(msg, _client(context).transport_message(neighbours), {})
+
+
+@app.query("latents")
+def latents(msg: Message, context: Context) -> Message:
+    """Sheaf-FRL: whitened pilots and test latents for communication accuracy."""
+    return _reply(msg, _client(context).latents_message(_config(msg)), {})
+
+
 @app.query("moments")
 def moments(msg: Message, context: Context) -> Message:
     """Linear FedRep's Method-of-Moments statistic."""

@@ -19,13 +19,22 @@ from typing import Any
 from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
 from fedpers.data.registry import DATASETS, MODEL_INPUTS
 from fedpers.data.shift import parse_transforms
-from fedpers.protocol import LINEAR_ALGORITHMS, LINEAR_ONLY, MIXTURE_ALGORITHMS, Algorithm
+from fedpers.protocol import (
+    LINEAR_ALGORITHMS,
+    LINEAR_ONLY,
+    MIXTURE_ALGORITHMS,
+    SHEAF_ALGORITHMS,
+    Algorithm,
+)
+from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, target_classes
 
 PARTITIONERS = ("classes", "dirichlet", "lognormal")
 TEST_SPLITS = ("dataset", "per-client")
 LR_SCHEDULES = ("constant", "milestones")
 EMBEDDINGS = ("auto", "identity", "pca", "resnet18")
 UNSEEN_ALGORITHMS = frozenset({Algorithm.FEDGMM, Algorithm.FEDEM, Algorithm.FEDAVG})
+SHEAF_VARIANTS = ("heterogeneous", "homogeneous", "private")
+SHEAF_DATASETS = ("digits", "mnist")
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
@@ -93,6 +102,16 @@ class RunConfig:
     joint_shift: bool
     shift_transforms: str
     shift_fraction: float
+    sheaf_shift: float
+    sheaf_lambda: float
+    sheaf_pilot_fraction: float
+    sheaf_pilot_batch: int
+    sheaf_density: float
+    sheaf_variant: str
+    sheaf_latent_dims: str
+    sheaf_hidden: str
+    sheaf_latent_scale: float
+    sheaf_clip: float
     seed: int
     results_dir: str
     run_name: str
@@ -206,6 +225,7 @@ class RunConfig:
         if self.momentum >= 1.0:
             raise ConfigError(f"run-config key 'momentum' = {self.momentum} must be < 1.")
         self._validate_mixtures()
+        self._validate_sheaf()
 
         algorithm = Algorithm(self.algorithm)
         if self.is_linear:
@@ -320,6 +340,77 @@ class RunConfig:
                     f"the {flat} input dimensions of dataset='{self.dataset}'."
                 )
 
+    @property
+    def is_sheaf(self) -> bool:
+        """True for the decentralized Sheaf-FRL family (no shared model)."""
+        return Algorithm(self.algorithm) in SHEAF_ALGORITHMS
+
+    def agent_specs(self) -> list[AgentSpec]:
+        """The heterogeneous agents of a Sheaf-FRL run."""
+        return agent_specs(
+            self.num_clients,
+            scale=self.sheaf_latent_scale,
+            latent_dims=_int_list(self.sheaf_latent_dims) or None,
+            hidden=_int_list(self.sheaf_hidden) or None,
+        )
+
+    def sheaf_graph(self) -> list[tuple[int, int]]:
+        """The agents' communication graph (oriented edges), the same on every party."""
+        return class_overlap_graph(
+            target_classes(self.num_clients, self.num_classes, self.seed),
+            [spec.latent for spec in self.agent_specs()],
+            self.sheaf_density,
+        )
+
+    def _validate_sheaf(self) -> None:
+        if not 0.0 <= self.sheaf_shift <= 1.0:
+            raise ConfigError(
+                f"run-config key 'sheaf-shift' = {self.sheaf_shift} must be in [0, 1]."
+            )
+        if not 0.0 < self.sheaf_pilot_fraction < 1.0:
+            raise ConfigError(
+                f"run-config key 'sheaf-pilot-fraction' = {self.sheaf_pilot_fraction} "
+                "must be in (0, 1)."
+            )
+        if not 0.0 < self.sheaf_density <= 1.0:
+            raise ConfigError(
+                f"run-config key 'sheaf-density' = {self.sheaf_density} must be in (0, 1]."
+            )
+        _at_least("sheaf-lambda", self.sheaf_lambda, 0.0)
+        _at_least("sheaf-pilot-batch", self.sheaf_pilot_batch, 1)
+        _positive("sheaf-latent-scale", self.sheaf_latent_scale)
+        _one_of("sheaf-variant", self.sheaf_variant, list(SHEAF_VARIANTS))
+        for key in ("sheaf-latent-dims", "sheaf-hidden"):
+            text = getattr(self, key.replace("-", "_"))
+            try:
+                values = _int_list(text)
+            except ValueError as error:
+                raise ConfigError(
+                    f"run-config key '{key}' = '{text}' must be comma-separated integers."
+                ) from error
+            if values and len(values) != self.num_clients:
+                raise ConfigError(
+                    f"run-config key '{key}' lists {len(values)} values for num-clients = "
+                    f"{self.num_clients} agents; give one per agent or leave it empty."
+                )
+            if any(v < 1 for v in values):
+                raise ConfigError(f"run-config key '{key}' = '{text}' must be positive.")
+        if not self.is_sheaf:
+            return
+        if self.dataset not in SHEAF_DATASETS:
+            raise ConfigError(
+                f"run-config key 'dataset' = '{self.dataset}' has no Sheaf-FRL agents; "
+                f"choose one of: {', '.join(SHEAF_DATASETS)}."
+            )
+        if self.num_clients < 2:
+            raise ConfigError("Sheaf-FRL needs num-clients >= 2 agents on a graph.")
+        dims = {spec.latent for spec in self.agent_specs()}
+        if self.sheaf_variant != "heterogeneous" and len(dims) > 1:
+            raise ConfigError(
+                f"run-config key 'sheaf-variant' = '{self.sheaf_variant}' needs equal latent "
+                f"dimensions, found {sorted(dims)}; set 'sheaf-latent-dims' or use 'heterogeneous'."
+            )
+
     def _validate_linear(self) -> None:
         _at_least("linear-dim", self.linear_dim, 1)
         _at_least("linear-rank", self.linear_rank, 1)
@@ -374,6 +465,10 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
         f"it must be {kind.__name__}."
     )
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def _one_of(key: str, value: str, allowed: list[str]) -> None:

@@ -22,6 +22,8 @@ class Algorithm(StrEnum):
     FEDSGD = "fedsgd"
     FEDGMM = "fedgmm"
     FEDEM = "fedem"
+    SHEAF_FRL = "sheaf-frl"
+    NON_COOPERATIVE = "non-cooperative"
 
 
 # The model is split into a `body` (representation) and a `head`; an algorithm shares
@@ -41,12 +43,17 @@ SHARED_PARTS: dict[Algorithm, tuple[str, ...]] = {
     # Mixtures share every learner whole; the personal part is the mixture weights.
     Algorithm.FEDGMM: (BODY, HEAD),
     Algorithm.FEDEM: (BODY, HEAD),
+    # Sheaf-FRL shares no model part: only pilot latents, relayed between neighbours.
+    Algorithm.SHEAF_FRL: (),
+    Algorithm.NON_COOPERATIVE: (),
 }
 
 # Algorithms that exist only for the linear representation model (Section 4 of FedRep).
 LINEAR_ONLY: frozenset[Algorithm] = frozenset({Algorithm.FEDSGD})
 # Mixtures of learners (and, for FedGMM, of Gaussian components).
 MIXTURE_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.FEDGMM, Algorithm.FEDEM})
+# Decentralized agents aligned on a graph (Sheaf-FRL and its lambda = 0 baseline).
+SHEAF_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.SHEAF_FRL, Algorithm.NON_COOPERATIVE})
 # Algorithms that have a linear variant; the others need a deep model.
 LINEAR_ALGORITHMS: frozenset[Algorithm] = frozenset({Algorithm.FEDREP, Algorithm.FEDSGD})
 
@@ -74,6 +81,10 @@ QUERY_MOMENTS = "query.moments"  # Method-of-Moments statistics (linear FedRep)
 QUERY_PCA = "query.pca"  # moment statistics of the GMM's embedding inputs (FedGMM)
 QUERY_SUMMARY = "query.summary"  # local k-means centroids for k-means++ (FedGMM)
 QUERY_ASSIGN = "query.assign"  # statistics of hard assignments to initial means (FedGMM)
+QUERY_PILOTS = "query.pilots"  # an agent's whitened pilot latents (Sheaf-FRL)
+QUERY_MAPS = "query.maps"  # edge owners' maps -> transported pilots (homogeneous Sheaf-FRL)
+QUERY_TRANSPORT = "query.transport"  # pilots transported to each neighbour (private)
+QUERY_LATENTS = "query.latents"  # whitened test latents, for communication accuracy
 
 # ---- Record names inside a message's RecordDict ----------------------------------
 ARRAYS = "arrays"
@@ -93,6 +104,8 @@ LINEAR_HEAD_STEPS = "linear-head-steps"
 LINEAR_HEAD_LR = "linear-head-lr"
 UNSEEN = "unseen"  # 1: the node is an unseen client: adapt, then test
 ADAPT_FRACTION = "adapt-fraction"
+WHITENING = "whitening"  # Sheaf-FRL: whiten with statistics of "pilots" or "train" latents
+COMMUNICATION = "communication"  # 1: evaluate decoding the neighbours' transported latents
 
 # ---- Keys of the MetricRecord a client replies with -------------------------------
 NUM_EXAMPLES = "num-examples"
@@ -120,6 +133,20 @@ PCA_DIRECTIONS = "pca.directions"
 STATS_COUNT = "stats.count"
 STATS_FIRST = "stats.first"
 STATS_SECOND = "stats.second"
+
+# ---- Array names of Sheaf-FRL -----------------------------------------------------
+PILOTS = "pilots"  # an agent's own whitened pilot latents (P x d)
+LATENTS = "latents"  # an agent's whitened test latents
+LABELS = "labels"  # the labels of those test samples
+
+
+def from_agent(name: str, agent: int) -> str:
+    """``pilots`` of agent 3 as relayed to a neighbour: ``pilots.3``."""
+    return f"{name}.{agent}"
+
+
+TRANSPORTED = "transported"  # pilots transported into a neighbour's coordinates
+MAP = "map"  # an edge's restriction map, relayed from the endpoint that computed it
 
 # ---- context.state keys on the device ---------------------------------------------
 STATE_PERSONAL = "fedpers.personal"

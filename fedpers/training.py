@@ -68,6 +68,8 @@ def train(
     generator: torch.Generator,
     sample_weights: torch.Tensor | None = None,
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+    penalty: Callable[[torch.Generator], torch.Tensor] | None = None,
+    max_grad_norm: float | None = None,
 ) -> TrainStats:
     """Train the parameters of ``parts`` for ``epochs`` passes over ``(x, y)``.
 
@@ -90,6 +92,11 @@ def train(
         (FedGMM's and FedEM's responsibility-weighted learner update).
     augment : callable, optional
         Batch transform ``(x_batch, generator) -> x_batch`` applied in training only.
+    penalty : callable, optional
+        A term added to every step's loss (Sheaf-FRL's gluing penalty on a pilot batch),
+        called with ``generator``.
+    max_grad_norm : float, optional
+        Clip the trainable parameters' gradient norm before each step.
     """
     trainable = [
         (name, p) for name, p in model.named_parameters() if name.split(".", 1)[0] in parts
@@ -113,6 +120,12 @@ def train(
     )
     model.train()
     steps = 0
+    # Dropout draws from torch's global RNG: seed it from `generator` (and restore it
+    # afterwards), so a client's update depends on its own stream only.
+    dropout_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    fork = torch.random.fork_rng(devices=[])
+    fork.__enter__()
+    torch.manual_seed(dropout_seed)
     try:
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=generator)
@@ -126,13 +139,18 @@ def train(
                 if sample_weights is not None:
                     losses = losses * sample_weights[index]
                 loss = losses.mean()
+                if penalty is not None:
+                    loss = loss + penalty(generator)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_([p for _, p in trainable], max_grad_norm)
                 optimizer.step()
                 epoch_loss += loss.item() * len(index)
                 seen += len(index)
                 steps += 1
     finally:
+        fork.__exit__(None, None, None)
         for p in model.parameters():
             p.requires_grad_(previous[id(p)])
     return TrainStats(loss=epoch_loss / max(seen, 1), num_examples=len(y), steps=steps)

@@ -20,6 +20,7 @@ from strategies.fedrep import FedRep, FedRepLinear
 from strategies.fedsgd import FedSGD
 from strategies.lg_fedavg import LGFedAvg
 from strategies.local import Local
+from strategies.peer_relay import PeerRelay
 
 DEEP_STRATEGIES: dict[Algorithm, type[FedpersStrategy]] = {
     Algorithm.FEDREP: FedRep,
@@ -58,6 +59,15 @@ def build_strategy(config: RunConfig) -> FedpersStrategy:
             aggregation=config.gmm_aggregation,
             embedding=config.embedding,
             embedding_dim=config.gmm_embedding_dim,
+            **common,
+        )
+    if algorithm in (Algorithm.SHEAF_FRL, Algorithm.NON_COOPERATIVE):
+        cooperative = algorithm is Algorithm.SHEAF_FRL
+        return PeerRelay(
+            edges=config.sheaf_graph(),
+            variant=config.sheaf_variant,
+            cooperative=cooperative,
+            whitening_modes=("pilots",) if cooperative else ("train", "pilots"),
             **common,
         )
     return DEEP_STRATEGIES[algorithm](**common)

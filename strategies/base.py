@@ -338,6 +338,7 @@ class FedpersStrategy(FedAvg):
             server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn else None
             if server_metrics is not None:
                 result.evaluate_metrics_serverapp[server_round] = server_metrics
+            extra = self.round_metrics(server_round)
             if on_round is not None:
                 on_round(
                     RoundRecord(
@@ -345,7 +346,7 @@ class FedpersStrategy(FedAvg):
                         seconds=time.monotonic() - started,
                         train=_plain(train_metrics),
                         evaluate=_plain(evaluate_metrics),
-                        server=_plain(server_metrics),
+                        server={**_plain(server_metrics), **extra},
                         sampled=len(messages),
                         replies=succeeded,
                         failures=len(messages) - succeeded,
@@ -356,6 +357,10 @@ class FedpersStrategy(FedAvg):
                     )
                 )
         return result
+
+    def round_metrics(self, server_round: int) -> dict[str, float]:
+        """Server-side figures of a round for ``rounds.jsonl`` (none by default)."""
+        return {}
 
     def final_evaluation(
         self,

@@ -14,7 +14,7 @@ from fedpers import linear, protocol
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
 from fedpers.logs import route_to_flower
-from fedpers.results import RunRecorder, final_mean, run_directory
+from fedpers.results import RoundRecord, RunRecorder, final_mean, run_directory
 from strategies import build_strategy
 from strategies.base import EvaluateFn
 
@@ -74,6 +74,8 @@ def main(grid: Grid, context: Context) -> None:
             "final_principal_angle_distance": distances[-1],
             "first_round_below_0.01": below[0] if below else None,
         }
+    elif config.is_sheaf:
+        summary = _sheaf_summary(config, recorder.records, final)
     else:
         before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
         summary = {"final_accuracy": before}
@@ -94,6 +96,27 @@ def main(grid: Grid, context: Context) -> None:
     summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
     written = recorder.finish(summary, plots=[progress])
     logger.info("summary: %s", written)
+
+
+def _sheaf_summary(
+    config: RunConfig, records: list[RoundRecord], final: tuple[str, MetricRecord] | None
+) -> dict[str, object]:
+    """Private accuracy (mean over agents, last rounds), communication accuracy per
+    whitening, per agent and per directed edge, and bytes per round."""
+    values = {} if final is None else {k: float(v) for k, v in final[1].items()}  # type: ignore[arg-type]
+    return {
+        "private_accuracy": final_mean(records, "evaluate.accuracy", config.final_rounds),
+        "communication_accuracy": {
+            k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("communication.")
+        },
+        "edge_accuracy": {k: v for k, v in values.items() if "->" in k},
+        "agent_private_accuracy": {
+            k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("private.")
+        },
+        "bytes_per_round": final_mean(records, "server.bytes", config.num_rounds),
+        "edges": [list(e) for e in config.sheaf_graph()],
+        "latent_dims": [s.latent for s in config.agent_specs()],
+    }
 
 
 def _train_config(config: RunConfig) -> ConfigRecord:

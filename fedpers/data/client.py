@@ -26,6 +26,7 @@ from fedpers.data.partition import (
     partition_classes,
     partition_dirichlet,
     partition_lognormal,
+    partition_shift,
     split_test_like_train,
 )
 from fedpers.data.registry import DATASETS
@@ -34,6 +35,7 @@ from fedpers.data.sources import Dataset, load_dataset
 from fedpers.seeding import rng
 
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
+SHEAF_SPLIT = (0.8, 0.1, 0.1)  # Sheaf-FRL's per-agent split
 _EMPTY = np.zeros((0,), dtype=np.float32)
 
 
@@ -67,6 +69,9 @@ class DataKey:
     shift_transforms: str
     shift_fraction: float
     mixture: MixtureTasks | None
+    sheaf: bool
+    sheaf_shift: float
+    sheaf_pilot_fraction: float
 
     @classmethod
     def of(cls, config: RunConfig) -> DataKey:
@@ -98,6 +103,9 @@ class DataKey:
             shift_transforms=config.shift_transforms,
             shift_fraction=config.shift_fraction,
             mixture=mixture,
+            sheaf=config.is_sheaf,
+            sheaf_shift=config.sheaf_shift,
+            sheaf_pilot_fraction=config.sheaf_pilot_fraction,
         )
 
 
@@ -130,6 +138,12 @@ def client_data(
             raw = transform_images(raw, transforms, image_shape=info.image_shape, maximum=info.raw_maximum)
         return dataset.features(raw)
 
+    if key.sheaf:
+        x_all, y_all = _pooled(key)
+        mine = sheaf_partitions(key)[1][partition_id]
+        return _split_per_client(
+            features(x_all[mine]), y_all[mine], key.seed, partition_id, split=SHEAF_SPLIT
+        )
     if key.per_client_split:
         x_all, y_all = _pooled(key)
         mine = pooled_partitions(key)[partition_id]
@@ -143,10 +157,24 @@ def client_data(
     )
 
 
-def _split_per_client(x: np.ndarray, y: np.ndarray, seed: int, partition_id: int) -> ClientData:
+def pilot_data(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Sheaf-FRL's pilots: labelled samples held out of every agent's data, held by all."""
+    key = DataKey.of(config)
+    x_all, y_all = _pooled(key)
+    pilots = sheaf_partitions(key)[0]
+    return _dataset(key).features(x_all[pilots]), y_all[pilots]
+
+
+def _split_per_client(
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    partition_id: int,
+    split: tuple[float, float, float] = SPLIT,
+) -> ClientData:
     order = rng(seed, "client-split", partition_id).permutation(len(y))
-    n_train = int(round(SPLIT[0] * len(y)))
-    n_val = int(round(SPLIT[1] * len(y)))
+    n_train = int(round(split[0] * len(y)))
+    n_val = int(round(split[1] * len(y)))
     train, val, test = np.split(order, [n_train, n_train + n_val])
     return ClientData(x[train], y[train], x[test], y[test], x[val], y[val])
 
@@ -207,6 +235,30 @@ def _pooled(key: DataKey) -> tuple[np.ndarray, np.ndarray]:
             seed=key.seed,
         )
     return x, y
+
+
+@lru_cache(maxsize=2)
+def sheaf_partitions(key: DataKey) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Pilot indices (a stratified ``sheaf-pilot-fraction`` of the pooled data) and each
+    agent's indices under the distribution shift ``s``, into the pooled data."""
+    from fedpers.sheaf import target_classes
+
+    y = _pooled(key)[1]
+    generator = rng(key.seed, "pilots")
+    pilots = np.sort(
+        np.concatenate(
+            [
+                generator.permutation(np.flatnonzero(y == c))[
+                    : int(round(key.sheaf_pilot_fraction * np.count_nonzero(y == c)))
+                ]
+                for c in np.unique(y)
+            ]
+        )
+    )
+    rest = np.setdiff1d(np.arange(len(y)), pilots)
+    targets = target_classes(key.num_clients, DATASETS[key.dataset].num_classes, key.seed)
+    parts = partition_shift(y[rest], targets, key.sheaf_shift, key.seed)
+    return pilots, [rest[p] for p in parts]
 
 
 @lru_cache(maxsize=2)

@@ -156,3 +156,31 @@ def _run_partitioner(partitioner: object, labels: np.ndarray, num_clients: int) 
         np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)  # type: ignore[attr-defined]
         for i in range(num_clients)
     ]
+
+
+def partition_shift(
+    labels: np.ndarray, targets: list[frozenset[int]], shift: float, seed: int
+) -> list[np.ndarray]:
+    """Sheaf-FRL's distribution-shift partition with parameter ``s``.
+
+    Agent ``i``'s weight for class ``k`` is ``theta_i[k] = (1 - s) / C + s 1[k in T_i] /
+    |T_i|``; the samples of each class are split among the agents by a multinomial draw
+    with probabilities ``theta_i[k] / sum_m theta_m[k]``. ``s = 0`` is uniform; at
+    ``s = 1`` an agent sees only its target classes ``T_i``.
+    """
+    generator = rng(seed, "partition-shift")
+    classes = np.unique(labels)
+    theta = np.full((len(targets), len(classes)), (1.0 - shift) / len(classes))
+    for i, held in enumerate(targets):
+        for c in held:
+            theta[i, np.searchsorted(classes, c)] += shift / len(held)
+    parts: list[list[np.ndarray]] = [[] for _ in targets]
+    for column, c in enumerate(classes):
+        pool = generator.permutation(np.flatnonzero(labels == c))
+        weights = theta[:, column]
+        if weights.sum() == 0:
+            continue
+        owner = generator.choice(len(targets), size=len(pool), p=weights / weights.sum())
+        for i in range(len(targets)):
+            parts[i].append(pool[owner == i])
+    return [np.sort(np.concatenate(p)) for p in parts]

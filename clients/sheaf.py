@@ -1,0 +1,327 @@
+"""Sheaf-FRL agent (clients/sheaf.py): the whole model stays in ``context.state``.
+
+A round of the default (heterogeneous) protocol:
+1. ``query.pilots``: refit the whitening on the current pilot latents, send the
+   whitened pilot matrix ``A_i`` (the only thing that leaves the agent);
+2. ``train``: receive the neighbours' pilot matrices, refit every incident restriction
+   map in closed form (Procrustes; both endpoints compute the same map from the same
+   two matrices), then train on the private loss plus ``lambda`` times the gluing
+   penalty of those edges on pilot batches, neighbours' pilots held fixed.
+
+Variants with equal latent dimensions: ``homogeneous`` (the edge's source computes the
+one SVD of the edge, ``query.maps``, and sends its pilots already transported; its raw
+latents never leave it) and ``private`` (every agent only ever sends pilots transported
+into its neighbour's coordinates with the current map; both endpoints correct the map
+by a Procrustes step on what they receive, which lands both on the same optimum).
+``non-cooperative`` trains with lambda = 0 and exchanges nothing.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from clients.base import settings_from
+from clients.common import Arrays, Metrics, config_int
+from fedpers import protocol, sheaf
+from fedpers.config import RunConfig
+from fedpers.data.client import client_data, pilot_data
+from fedpers.models.agents import build_agent
+from fedpers.protocol import Algorithm
+from fedpers.seeding import int_seed
+from fedpers.training import evaluate, train
+
+STATE_MODEL = "sheaf.model"
+STATE_MAPS = "sheaf.maps"
+STATE_NEIGHBOUR_PILOTS = "sheaf.neighbour-pilots"
+
+
+class SheafClient:
+    """One agent of a Sheaf-FRL graph."""
+
+    algorithm: ClassVar[Algorithm] = Algorithm.SHEAF_FRL
+
+    def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
+        torch.set_num_threads(run.client_threads)
+        self.run = run
+        self.partition_id = partition_id
+        self.state = state
+        self.specs = run.agent_specs()
+        self.dims = [s.latent for s in self.specs]
+        self.model = build_agent(
+            self.specs[partition_id],
+            run.dataset,
+            run.num_classes,
+            int_seed(run.seed, "agent", partition_id),
+        )
+        if STATE_MODEL in state:
+            stored = state[STATE_MODEL]
+            assert isinstance(stored, ArrayRecord)
+            self.model.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in stored.items()})
+        self.data = client_data(run, partition_id)
+        self.pilots_x, self.pilots_y = pilot_data(run)
+        self.lam = 0.0 if run.algorithm == Algorithm.NON_COOPERATIVE else run.sheaf_lambda
+
+    # ------------------------------------------------------------------ helpers
+    def sizes(self) -> tuple[int, int]:
+        """Numbers of training and test samples of this agent."""
+        return len(self.data.y_train), len(self.data.y_test)
+
+    def save(self) -> None:
+        """Keep the whole model (with its whitening statistics) on the device."""
+        self.state[STATE_MODEL] = ArrayRecord(
+            {k: Array(v.detach().cpu().numpy().copy()) for k, v in self.model.state_dict().items()}
+        )
+
+    @torch.no_grad()
+    def raw_latents(self, x: np.ndarray) -> np.ndarray:
+        """Encoder outputs (eval mode) of inputs ``x``."""
+        self.model.eval()
+        return self.model.body(torch.from_numpy(x)).numpy().astype(float)
+
+    def whitening(self, mode: str) -> sheaf.Whitening:
+        """Whitening statistics fitted on the pilots' or the training data's latents."""
+        source = self.pilots_x if mode == "pilots" else self.data.x_train
+        return sheaf.Whitening.fit(self.raw_latents(source))
+
+    def own_pilots(self) -> np.ndarray:
+        """Whitened pilot latents with the model's current whitening layer (eval mode)."""
+        with torch.no_grad():
+            self.model.eval()
+            return self.model.whitened(torch.from_numpy(self.pilots_x)).numpy().astype(float)
+
+    def restriction(self, neighbour: int, own: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+        """The edge's map ``V`` (d_large x d_small) from the two endpoints' pilots."""
+        a, _ = sheaf.orient(self.partition_id, neighbour, self.dims)
+        return (
+            sheaf.procrustes(own, theirs)
+            if a == self.partition_id
+            else sheaf.procrustes(theirs, own)
+        )
+
+    def to_neighbour(
+        self, neighbour: int, latents: np.ndarray, restriction: np.ndarray
+    ) -> np.ndarray:
+        """This agent's latents expressed in ``neighbour``'s coordinates."""
+        a, _ = sheaf.orient(self.partition_id, neighbour, self.dims)
+        if a == self.partition_id:
+            return sheaf.transport_up(latents, restriction)
+        return sheaf.transport_down(latents, restriction)
+
+    def from_neighbour(
+        self, neighbour: int, latents: np.ndarray, restriction: np.ndarray
+    ) -> np.ndarray:
+        """``neighbour``'s latents expressed in this agent's coordinates."""
+        a, _ = sheaf.orient(self.partition_id, neighbour, self.dims)
+        if a == self.partition_id:
+            return sheaf.transport_down(latents, restriction)
+        return sheaf.transport_up(latents, restriction)
+
+    # ---------------------------------------------------------- pilot exchanges
+    def pilots_message(self, config: ConfigRecord) -> Arrays:
+        """Refit the whitening on the current pilot latents; send the whitened pilots."""
+        self.model.whitening.fit(self.raw_latents(self.pilots_x))
+        self.save()
+        return {protocol.PILOTS: self.own_pilots()}
+
+    def maps_message(self, arrays: Arrays) -> Arrays:
+        """Homogeneous variant, edge source: one SVD per owned edge; send own pilots
+        transported into each owned neighbour's coordinates (raw ones never leave)."""
+        own = self.own_pilots()
+        maps, kept, out = {}, {}, {}
+        for name, theirs in arrays.items():
+            neighbour = int(name.rsplit(".", 1)[1])
+            restriction = self.restriction(neighbour, own, theirs)
+            maps[str(neighbour)] = Array(restriction)
+            kept[str(neighbour)] = Array(theirs)
+            out[protocol.from_agent(protocol.TRANSPORTED, neighbour)] = self.to_neighbour(
+                neighbour, own, restriction
+            )
+            out[protocol.from_agent(protocol.MAP, neighbour)] = restriction
+        self.state[STATE_MAPS] = ArrayRecord(maps)
+        self.state[STATE_NEIGHBOUR_PILOTS] = ArrayRecord(kept)
+        return out
+
+    def transport_message(self, neighbours: list[int]) -> Arrays:
+        """Private variant: own pilots in each neighbour's coordinates, current maps."""
+        own = self.own_pilots()
+        maps = self._stored(STATE_MAPS)
+        return {
+            protocol.from_agent(protocol.TRANSPORTED, j): own
+            @ maps.get(str(j), np.eye(own.shape[1]))
+            for j in neighbours
+        }
+
+    def _stored(self, key: str) -> dict[str, np.ndarray]:
+        record = self.state.get(key)
+        return {} if record is None else {k: v.numpy() for k, v in record.items()}  # type: ignore[union-attr]
+
+    # -------------------------------------------------------------------- train
+    def edge_targets(self, arrays: Arrays) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Per incident edge: the neighbour's pilots in this agent's frame of reference,
+        as ``(target, restriction)``: the penalty compares ``own @ restriction`` (or
+        ``own`` when None) with ``target``, one row per pilot."""
+        own = self.own_pilots()
+        if self.run.sheaf_variant == "heterogeneous":
+            return self._heterogeneous_targets(own, arrays)
+        if self.run.sheaf_variant == "homogeneous":
+            return self._homogeneous_targets(arrays)
+        return self._private_targets(own, arrays)
+
+    def _heterogeneous_targets(
+        self, own: np.ndarray, arrays: Arrays
+    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        edges: list[tuple[np.ndarray, np.ndarray | None]] = []
+        fitted: dict[str, Array] = {}
+        for name, theirs in sorted(arrays.items()):
+            neighbour = int(name.rsplit(".", 1)[1])
+            restriction = self.restriction(neighbour, own, theirs)
+            fitted[str(neighbour)] = Array(restriction)
+            if sheaf.orient(self.partition_id, neighbour, self.dims)[0] == self.partition_id:
+                edges.append((sheaf.transport_down(theirs, restriction), None))  # small side
+            else:
+                edges.append((theirs, restriction))  # large side: own @ V vs their pilots
+        self.state[STATE_MAPS] = ArrayRecord(fitted)
+        return edges
+
+    def _homogeneous_targets(self, arrays: Arrays) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        maps = self._stored(STATE_MAPS)  # owned edges' maps (set by maps_message)
+        kept = self._stored(STATE_NEIGHBOUR_PILOTS)
+        edges: list[tuple[np.ndarray, np.ndarray | None]] = [
+            (kept[key], maps[key].T)
+            for key in sorted(kept, key=int)  # own O^T vs theirs
+        ]
+        for name, received in sorted(arrays.items()):
+            kind, key = name.rsplit(".", 1)
+            if kind == protocol.MAP:  # the owner's map of our edge, relayed
+                maps[key] = received
+            else:  # the owner's pilots, already transported into this frame
+                edges.append((received, None))
+        self.state[STATE_MAPS] = ArrayRecord({k: Array(v) for k, v in maps.items()})
+        return edges
+
+    def _private_targets(
+        self, own: np.ndarray, arrays: Arrays
+    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        current = self._stored(STATE_MAPS)
+        updated: dict[str, Array] = {}
+        edges: list[tuple[np.ndarray, np.ndarray | None]] = []
+        for name, received in sorted(arrays.items()):
+            key = name.rsplit(".", 1)[1]
+            # `received` = their pilots through their map to me, W_j M_ji. The best
+            # correction R (received R^T ~ own) makes M_ji R^T the optimal map, and my
+            # map to them its transpose R M_ij; the neighbour, correcting from the other
+            # side, reaches the same optimum (Procrustes is unique).
+            correction = sheaf.procrustes(received, own)
+            updated[key] = Array(correction @ current.get(key, np.eye(own.shape[1])))
+            edges.append((received @ correction.T, None))
+        self.state[STATE_MAPS] = ArrayRecord(updated)
+        return edges
+
+    def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
+        """Refit the incident maps, then local epochs on loss + lambda * penalty."""
+        edges = self.edge_targets(arrays) if self.lam > 0 else []
+        server_round = config_int(config, protocol.ROUND)
+        generator = torch.Generator().manual_seed(
+            int_seed(self.run.seed, "train", self.partition_id, server_round)
+        )
+        pilots = torch.from_numpy(self.pilots_x)
+        targets = [
+            (
+                torch.from_numpy(t.astype(np.float32)),
+                None if r is None else torch.from_numpy(r.astype(np.float32)),
+            )
+            for t, r in edges
+        ]
+        batch = self.run.sheaf_pilot_batch
+        lam = self.lam
+        penalties: list[float] = []
+
+        def penalty(gen: torch.Generator) -> torch.Tensor:
+            index = torch.randperm(len(pilots), generator=gen)[:batch]
+            # Pilot latents without dropout: the whitening would amplify its noise in
+            # low-variance directions, and the maps were fitted on eval-mode latents.
+            self.model.body.eval()
+            own = self.model.whitened(pilots[index])
+            self.model.body.train()
+            total = torch.zeros(())
+            for target, restriction in targets:
+                mine = own if restriction is None else own @ restriction
+                residual = mine - target[index]
+                total = total + residual.pow(2).sum() / (2 * len(index) * residual.shape[1])
+            penalties.append(float(total.detach()))
+            return lam * total
+
+        stats = train(
+            self.model,
+            torch.from_numpy(self.data.x_train),
+            torch.from_numpy(self.data.y_train),
+            parts=("body", "head"),
+            epochs=config_int(config, protocol.EPOCHS),
+            settings=settings_from(config),
+            generator=generator,
+            penalty=penalty if targets else None,
+            max_grad_norm=self.run.sheaf_clip if self.run.sheaf_clip > 0 else None,
+        )
+        self.save()
+        return {}, {
+            protocol.NUM_EXAMPLES: float(len(self.data.y_train)),
+            protocol.LOSS: stats.loss,
+            "penalty": float(np.mean(penalties)) if penalties else 0.0,
+        }
+
+    # ----------------------------------------------------------------- evaluate
+    def latents_message(self, config: ConfigRecord) -> Arrays:
+        """Whitened test latents and labels, for the neighbours' communication accuracy."""
+        whitening = self.whitening(str(config.get(protocol.WHITENING, "pilots")))
+        return {
+            protocol.PILOTS: whitening.whiten(self.raw_latents(self.pilots_x)),
+            protocol.LATENTS: whitening.whiten(self.raw_latents(self.data.x_test)),
+            protocol.LABELS: self.data.y_test.astype(np.int64),
+        }
+
+    def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
+        """Private accuracy, or (``communication = 1``) the accuracy of decoding each
+        neighbour's transported test latents with this agent's head."""
+        if not config_int(config, protocol.COMMUNICATION, default=0):
+            stats = evaluate(
+                self.model, torch.from_numpy(self.data.x_test), torch.from_numpy(self.data.y_test)
+            )
+            # Weight 1: the paper averages accuracies over agents, not over samples.
+            return {
+                protocol.NUM_EXAMPLES: 1.0,
+                protocol.ACCURACY: stats.accuracy,
+                "test-examples": float(stats.num_examples),
+            }
+        whitening = self.whitening(str(config.get(protocol.WHITENING, "pilots")))
+        own = whitening.whiten(self.raw_latents(self.pilots_x))
+        metrics: Metrics = {protocol.NUM_EXAMPLES: 1.0}
+        accuracies = []
+        for name in sorted(arrays):
+            if not name.startswith(protocol.PILOTS + "."):
+                continue
+            sender = int(name.rsplit(".", 1)[1])
+            restriction = self.restriction(sender, own, arrays[name])
+            latents = arrays[protocol.from_agent(protocol.LATENTS, sender)]
+            labels = arrays[protocol.from_agent(protocol.LABELS, sender)]
+            if len(labels) == 0:
+                continue
+            received = self.from_neighbour(sender, latents, restriction)
+            with torch.no_grad():
+                self.model.eval()
+                raw = torch.from_numpy(whitening.colour(received).astype(np.float32))
+                predicted = self.model.head(raw).argmax(dim=1).numpy()
+            accuracy = float(np.mean(predicted == labels))
+            metrics[f"edge.{sender}"] = accuracy
+            accuracies.append(accuracy)
+        metrics[protocol.ACCURACY] = float(np.mean(accuracies)) if accuracies else float("nan")
+        return metrics
+
+
+class NonCooperativeClient(SheafClient):
+    """The same agent trained alone (lambda = 0); aligned only after training."""
+
+    algorithm = Algorithm.NON_COOPERATIVE

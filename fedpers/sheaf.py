@@ -1,0 +1,195 @@
+"""Sheaf-FRL (Sheaf-based Federated Representation Learning, 2026): pure math.
+
+Agents on an undirected graph keep their own encoders with latent dimensions ``d_i``.
+An edge ``(a, b)`` is oriented from the lower to the higher latent dimension (ties: from
+the lower index), so ``d_a <= d_b``, and carries a restriction map
+``V in St(d_b, d_a)`` (``V^T V = I``): an isometric embedding of ``a``'s latent space into
+``b``'s. With equal dimensions ``V`` is orthogonal.
+
+Pilots are labelled samples every agent holds. ``A_i`` is agent ``i``'s matrix of
+*whitened* pilot latents, one row per pilot (K x d_i).
+
+Gluing penalty (the authors' code's form, used here): for an edge ``a -> b``,
+
+    P_ab = 1 / (2 K d_a) * sum_k || V^T w_b^k - w_a^k ||^2,
+
+the pilots of the larger space projected onto the image of ``V`` and compared with the
+smaller space. The paper writes ``||A_b - V A_a||_F^2 / (2K)`` instead; the two agree
+when ``d_a = d_b`` and otherwise differ by ``||(I - V V^T) w_b||^2``, which would push
+the larger agent's pilots into a ``d_a``-dimensional subspace and so shrink its own
+representation. The code's form leaves those directions free, and the ``1 / d_a``
+keeps ``lambda`` comparable across edges of different sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EIGENVALUE_FLOOR = 1e-2
+
+
+# ------------------------------------------------------------------- agents
+# The paper's 15 agents (Table 2): latent dimensions and dropout rates. fedpers scales
+# the dimensions to the data (x 1/8 for the 8x8 digits) and cycles the pattern for
+# other numbers of agents.
+PAPER_LATENT_DIMS = (128, 224, 64, 128, 192, 96, 256, 144, 160, 80, 120, 240, 80, 96, 160)
+PAPER_DROPOUTS = (0.05, 0.3, 0.1, 0.2, 0.4, 0.15, 0.25, 0.35, 0.05, 0.1, 0.2, 0.3, 0.15, 0.25, 0.4)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """An agent's architecture: latent dimension, encoder and head widths, dropout."""
+
+    latent: int
+    hidden: int
+    head_hidden: int
+    dropout: float
+
+
+def agent_specs(
+    count: int, *, scale: float, latent_dims: list[int] | None, hidden: list[int] | None
+) -> list[AgentSpec]:
+    """Heterogeneous agents: the paper's pattern scaled, or explicit dimensions."""
+    dims = latent_dims or [
+        max(2, round(scale * PAPER_LATENT_DIMS[i % len(PAPER_LATENT_DIMS)])) for i in range(count)
+    ]
+    if len(dims) != count:
+        raise ValueError(f"{len(dims)} latent dimensions for {count} agents")
+    widths = hidden or [max(32, 4 * d) for d in dims]
+    if len(widths) != count:
+        raise ValueError(f"{len(widths)} hidden widths for {count} agents")
+    return [
+        AgentSpec(
+            latent=d,
+            hidden=w,
+            head_hidden=max(16, 2 * d),
+            dropout=PAPER_DROPOUTS[i % len(PAPER_DROPOUTS)],
+        )
+        for i, (d, w) in enumerate(zip(dims, widths, strict=True))
+    ]
+
+
+def target_classes(count: int, num_classes: int, seed: int) -> list[frozenset[int]]:
+    """Each agent's target classes: 3 or 4 (alternating), drawn from the seed."""
+    from fedpers.seeding import rng
+
+    generator = rng(seed, "sheaf-targets")
+    return [
+        frozenset(int(c) for c in generator.choice(num_classes, 3 + i % 2, replace=False))
+        for i in range(count)
+    ]
+
+
+# ---------------------------------------------------------------------- graph
+def class_overlap_graph(
+    targets: list[frozenset[int]], dims: list[int], density: float
+) -> list[tuple[int, int]]:
+    """The paper's communication graph, as oriented edges ``(a, b)`` with ``d_a <= d_b``.
+
+    Weight ``w_ij = |T_i & T_j|`` (shared target classes). Start from the maximum-weight
+    spanning tree (connected), then add the other pairs by decreasing weight until
+    ``floor(density * N (N - 1) / 2)`` edges; ties broken by index (the pair ``(i, j)``
+    with smaller ``i``, then smaller ``j``, first). Deterministic.
+    """
+    n = len(targets)
+    if len(dims) != n:
+        raise ValueError("one latent dimension per agent is needed")
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    ranked = sorted(pairs, key=lambda p: (-len(targets[p[0]] & targets[p[1]]), p))
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    chosen: list[tuple[int, int]] = []
+    for i, j in ranked:  # Kruskal on decreasing weights = maximum-weight spanning tree
+        ri, rj = root(i), root(j)
+        if ri != rj:
+            parent[ri] = rj
+            chosen.append((i, j))
+    target = max(int(np.floor(density * n * (n - 1) / 2)), n - 1)
+    for pair in ranked:
+        if len(chosen) >= target:
+            break
+        if pair not in chosen:
+            chosen.append(pair)
+    return sorted(orient(i, j, dims) for i, j in chosen)
+
+
+def orient(i: int, j: int, dims: list[int]) -> tuple[int, int]:
+    """The edge ``{i, j}`` from the lower to the higher dimension (ties: lower index)."""
+    return (i, j) if (dims[i], i) <= (dims[j], j) else (j, i)
+
+
+def neighbours(edges: list[tuple[int, int]], agent: int) -> list[int]:
+    """Agents sharing an edge with ``agent``, sorted."""
+    return sorted({b for a, b in edges if a == agent} | {a for a, b in edges if b == agent})
+
+
+# -------------------------------------------------------------- restriction maps
+def procrustes(small: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """The restriction map ``V`` (d_b x d_a, orthonormal columns) of an edge ``a -> b``.
+
+    ``small`` (K x d_a) and ``large`` (K x d_b), ``d_a <= d_b``, are the two endpoints'
+    pilot matrices. ``V`` maximizes ``tr(V^T C)`` with ``C = large^T small`` over the
+    Stiefel manifold, i.e. minimizes ``||small V^T - large||_F``: from the thin SVD
+    ``C = U S W^T``, ``V = U W^T`` (orthogonal Procrustes; unique when ``C`` has full
+    rank, so both endpoints computing it get the same map).
+    """
+    if small.shape[1] > large.shape[1]:
+        raise ValueError("procrustes(small, large) needs d_small <= d_large")
+    u, _, wt = np.linalg.svd(large.T @ small, full_matrices=False)
+    return np.asarray(u @ wt)
+
+
+def transport_up(small_latents: np.ndarray, restriction: np.ndarray) -> np.ndarray:
+    """Latents of the smaller space embedded in the larger: ``z V^T`` (rows)."""
+    return small_latents @ restriction.T
+
+
+def transport_down(large_latents: np.ndarray, restriction: np.ndarray) -> np.ndarray:
+    """Latents of the larger space projected into the smaller: ``z V`` (rows)."""
+    return large_latents @ restriction
+
+
+def gluing_penalty(small: np.ndarray, large: np.ndarray, restriction: np.ndarray) -> float:
+    """``1 / (2 K d_a) * sum_k ||V^T w_b^k - w_a^k||^2`` (the code's form, see module doc)."""
+    k, d_small = small.shape
+    residual = transport_down(large, restriction) - small
+    return float(np.sum(residual**2) / (2 * k * d_small))
+
+
+# ------------------------------------------------------------------ whitening
+@dataclass(frozen=True)
+class Whitening:
+    """ZCA whitening ``w = (z - mu) W`` with ``W = Sigma^(-1/2)``, and its inverse
+    colouring ``z = w C + mu`` with ``C = Sigma^(1/2)`` (eigenvalues floored)."""
+
+    mean: np.ndarray
+    whiten_matrix: np.ndarray
+    colour_matrix: np.ndarray
+
+    @classmethod
+    def fit(cls, latents: np.ndarray, floor: float = EIGENVALUE_FLOOR) -> Whitening:
+        """Fit on latents (n x d); eigenvalues of the covariance floored at ``floor``."""
+        mean = latents.mean(axis=0)
+        centred = latents - mean
+        covariance = centred.T @ centred / max(len(latents) - 1, 1)
+        eigenvalues, eigenvectors = np.linalg.eigh((covariance + covariance.T) / 2)
+        eigenvalues = np.maximum(eigenvalues, floor)
+        whiten = (eigenvectors / np.sqrt(eigenvalues)) @ eigenvectors.T
+        colour = (eigenvectors * np.sqrt(eigenvalues)) @ eigenvectors.T
+        return cls(mean, whiten, colour)
+
+    def whiten(self, latents: np.ndarray) -> np.ndarray:
+        """Whitened latents (rows)."""
+        return np.asarray((latents - self.mean) @ self.whiten_matrix)
+
+    def colour(self, whitened: np.ndarray) -> np.ndarray:
+        """The inverse of ``whiten``."""
+        return np.asarray(whitened @ self.colour_matrix + self.mean)
