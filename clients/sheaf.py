@@ -29,7 +29,7 @@ from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol, sheaf
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data, pilot_data
-from fedpers.models.agents import build_agent
+from fedpers.models.agents import build_agent, pilot_whitening
 from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
 from fedpers.training import evaluate, train
@@ -88,10 +88,11 @@ class SheafClient:
         return sheaf.Whitening.fit(self.raw_latents(source))
 
     def own_pilots(self) -> np.ndarray:
-        """Whitened pilot latents with the model's current whitening layer (eval mode)."""
+        """The pilot latents whitened by their own statistics (eval mode, no dropout)."""
         with torch.no_grad():
             self.model.eval()
-            return self.model.whitened(torch.from_numpy(self.pilots_x)).numpy().astype(float)
+            whitened, _, _ = pilot_whitening(self.model.body(torch.from_numpy(self.pilots_x)))
+            return whitened.numpy().astype(float)  # type: ignore[no-any-return]
 
     def restriction(self, neighbour: int, own: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """The edge's map ``V`` (d_large x d_small) from the two endpoints' pilots."""
@@ -122,10 +123,17 @@ class SheafClient:
 
     # ---------------------------------------------------------- pilot exchanges
     def pilots_message(self, config: ConfigRecord) -> Arrays:
-        """Refit the whitening on the current pilot latents; send the whitened pilots."""
-        self.model.whitening.fit(self.raw_latents(self.pilots_x))
+        """Refit the whitening layer on the current pilot latents; send the pilots
+        whitened by it."""
+        with torch.no_grad():
+            self.model.eval()
+            whitened, mean, factor = pilot_whitening(
+                self.model.body(torch.from_numpy(self.pilots_x))
+            )
+        inverse = torch.linalg.inv(factor)
+        self.model.whitening.set(mean.numpy(), inverse.T.numpy(), factor.T.numpy())
         self.save()
-        return {protocol.PILOTS: self.own_pilots()}
+        return {protocol.PILOTS: whitened.numpy().astype(float)}
 
     def maps_message(self, arrays: Arrays) -> Arrays:
         """Homogeneous variant, edge source: one SVD per owned edge; send own pilots
@@ -242,10 +250,11 @@ class SheafClient:
 
         def penalty(gen: torch.Generator) -> torch.Tensor:
             index = torch.randperm(len(pilots), generator=gen)[:batch]
-            # Pilot latents without dropout: the whitening would amplify its noise in
-            # low-variance directions, and the maps were fitted on eval-mode latents.
+            # All pilots through the encoder without dropout (the maps were fitted on
+            # eval-mode latents), whitened by their own statistics with gradient.
             self.model.body.eval()
-            own = self.model.whitened(pilots[index])
+            whitened, _, _ = pilot_whitening(self.model.body(pilots))
+            own = whitened[index]
             self.model.body.train()
             total = torch.zeros(())
             for target, restriction in targets:

@@ -13,7 +13,33 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpers.sheaf import AgentSpec, Whitening
+from fedpers.sheaf import EIGENVALUE_FLOOR, AgentSpec, Whitening
+
+
+def pilot_whitening(
+    latents: torch.Tensor, ridge: float = EIGENVALUE_FLOOR
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Whitened pilot latents and the statistics that whiten them, differentiably.
+
+    ``w = (z - mu) L^{-T}`` with ``L`` the Cholesky factor of the pilots' covariance plus
+    ``ridge I``. Used inside the gluing penalty: the penalty then measures how well the
+    *shapes* of two agents' pilot clouds agree, and an encoder cannot lower it by
+    shrinking or stretching its latents, which the whitening undoes (the authors' code
+    whitens each pilot batch the same way). Any whitening differs from ZCA by a rotation,
+    which the Procrustes maps absorb.
+
+    Returns
+    -------
+    whitened, mean, factor : torch.Tensor
+        (n x d), (d,), and ``L`` (d x d, lower triangular).
+    """
+    mean = latents.mean(dim=0)
+    centred = latents - mean
+    covariance = centred.T @ centred / max(len(latents) - 1, 1)
+    eye = torch.eye(latents.shape[1], dtype=latents.dtype)
+    factor = torch.linalg.cholesky(covariance + ridge * eye)
+    whitened = torch.linalg.solve_triangular(factor, centred.T, upper=False).T
+    return whitened, mean, factor
 
 
 class WhiteningLayer(nn.Module):
@@ -35,13 +61,17 @@ class WhiteningLayer(nn.Module):
         self.register_buffer("colour_matrix", torch.eye(dim))
 
     def fit(self, latents: np.ndarray) -> Whitening:
-        """Fit the statistics on latents (n x d); returns them as numpy."""
+        """Fit ZCA statistics on latents (n x d); returns them as numpy."""
         whitening = Whitening.fit(latents.astype(float))
-        with torch.no_grad():
-            self.mean.copy_(torch.from_numpy(whitening.mean))
-            self.whiten_matrix.copy_(torch.from_numpy(whitening.whiten_matrix))
-            self.colour_matrix.copy_(torch.from_numpy(whitening.colour_matrix))
+        self.set(whitening.mean, whitening.whiten_matrix, whitening.colour_matrix)
         return whitening
+
+    def set(self, mean: np.ndarray, whiten_matrix: np.ndarray, colour_matrix: np.ndarray) -> None:
+        """Install given statistics (``w = (z - mean) W``, ``z = w C + mean``)."""
+        with torch.no_grad():
+            self.mean.copy_(torch.as_tensor(mean))
+            self.whiten_matrix.copy_(torch.as_tensor(whiten_matrix))
+            self.colour_matrix.copy_(torch.as_tensor(colour_matrix))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return (z - self.mean) @ self.whiten_matrix
