@@ -92,7 +92,7 @@ class SheafClient:
         with torch.no_grad():
             self.model.eval()
             whitened, _, _ = pilot_whitening(self.model.body(torch.from_numpy(self.pilots_x)))
-            return whitened.numpy().astype(float)  # type: ignore[no-any-return]
+            return whitened.numpy().astype(float)
 
     def restriction(self, neighbour: int, own: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """The edge's map ``V`` (d_large x d_small) from the two endpoints' pilots."""
