@@ -24,22 +24,29 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients import client_class
+from clients import client_class, device_state
 from fedpers import protocol
 from fedpers.config import RunConfig
+from fedpers.data.client import client_data
 
 app = ClientApp()
 
 
-def _client(context: Context) -> Any:
-    """This node's client of the run's algorithm (``clients.client_class``)."""
-    run = RunConfig.from_mapping(context.run_config)
+def _partition(context: Context) -> int:
     if "partition-id" not in context.node_config:
         raise KeyError(
             "node config lacks 'partition-id': start the SuperNode with "
             '--node-config "partition-id=<i> num-partitions=<n>"'
         )
-    return client_class(run)(run, int(context.node_config["partition-id"]), context.state)
+    return int(context.node_config["partition-id"])
+
+
+def _client(context: Context) -> Any:
+    """This node's client of the run's algorithm (``clients.client_class``), with its
+    state restored from the device if the SuperNode restarted (``state-dir``)."""
+    run = RunConfig.from_mapping(context.run_config)
+    device_state.restore(context)
+    return client_class(run)(run, _partition(context), context.state)
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:
@@ -72,6 +79,8 @@ def _reply(
 def train(msg: Message, context: Context) -> Message:
     """One round of local training."""
     arrays, metrics = _client(context).fit(_arrays(msg), _config(msg))
+    device_state.count_round(context)
+    device_state.persist(context)
     return _reply(msg, arrays, metrics)
 
 
@@ -84,13 +93,18 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query("info")
 def info(msg: Message, context: Context) -> Message:
     """Which partition this node holds, and how many samples."""
-    client = _client(context)
-    num_train, num_test = client.sizes()
+    run = RunConfig.from_mapping(context.run_config)
+    partition = _partition(context)
+    if run.is_linear:
+        num_train, num_test = run.linear_samples, 0
+    else:  # the data alone: no model, no torch, for a message every node answers
+        data = client_data(run, partition)
+        num_train, num_test = len(data.y_train), len(data.y_test)
     return _reply(
         msg,
         None,
         {
-            protocol.PARTITION_ID: float(client.partition_id),
+            protocol.PARTITION_ID: float(partition),
             protocol.NUM_TRAIN: float(num_train),
             protocol.NUM_TEST: float(num_test),
         },

@@ -148,6 +148,34 @@ class FedpersStrategy(FedAvg):
             )
         logger.info("%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1)
 
+    def refresh_population(self, grid: Grid, *, timeout: float) -> None:
+        """Learn the partition of nodes that registered since ``connect``.
+
+        A SuperNode that restarts without node authentication comes back under a new
+        node id; sending to the old id would time out every round. Nodes with the same
+        id (authenticated restarts, simulation) need nothing.
+        """
+        new = sorted(set(grid.get_node_ids()) - set(self.node_of_partition.values()))
+        if not new:
+            return
+        messages = [
+            Message(content=RecordDict(), message_type=protocol.QUERY_INFO, dst_node_id=n)
+            for n in new
+        ]
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            if reply.has_error():
+                continue
+            metrics = reply.content.metric_records[protocol.METRICS]
+            partition = int(metrics[protocol.PARTITION_ID])  # type: ignore[arg-type]
+            old = self.node_of_partition.get(partition)
+            self.node_of_partition[partition] = reply.metadata.src_node_id
+            logger.info(
+                "partition %d is now served by node %d (was %s)",
+                partition,
+                reply.metadata.src_node_id,
+                old,
+            )
+
     def query(
         self,
         grid: Grid,
@@ -307,6 +335,7 @@ class FedpersStrategy(FedAvg):
             result.evaluate_metrics_serverapp[0] = metrics
         for server_round in range(1, num_rounds + 1):
             started = time.monotonic()
+            self.refresh_population(grid, timeout=timeout)
             messages = list(
                 self.configure_train(
                     server_round, arrays, ConfigRecord(dict(train_config or {})), grid

@@ -15,6 +15,7 @@ Two test protocols (run-config key ``test-split``):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -31,7 +32,7 @@ from fedpers.data.partition import (
 )
 from fedpers.data.registry import DATASETS
 from fedpers.data.shift import joint_shift, parse_transforms, transform_images
-from fedpers.data.sources import Dataset, load_dataset
+from fedpers.data.sources import Dataset, cached_index_lists, load_dataset
 from fedpers.seeding import rng
 
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
@@ -190,6 +191,22 @@ def _dataset(key: DataKey) -> Dataset:
 
 
 def _split_over_clients(key: DataKey, labels: np.ndarray) -> list[np.ndarray]:
+    inputs = {
+        "partitioner": key.partitioner,
+        "num_clients": key.num_clients,
+        "classes_per_client": key.classes_per_client,
+        "alpha": key.dirichlet_alpha,
+        "sigma": key.lognormal_sigma,
+        "samples": key.samples_per_client,
+        "seed": key.seed,
+        "labels": hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest(),
+    }
+    return cached_index_lists(
+        key.data_root, "partition", inputs, lambda: _compute_split(key, labels)
+    )
+
+
+def _compute_split(key: DataKey, labels: np.ndarray) -> list[np.ndarray]:
     if key.partitioner == "classes":
         return partition_classes(labels, key.num_clients, key.classes_per_client, key.seed)
     if key.partitioner == "dirichlet":

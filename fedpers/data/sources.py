@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset
     if name == "mnist1d":
         return _mnist1d(train_size=train_size, seed=seed, root=root)
     if name == "digits":
-        return _digits(seed)
+        return _digits(seed, root)
     if name in ("mnist", "femnist", "cifar10", "cifar100"):
         return _torchvision(name, root)
     raise ValueError(f"load_dataset: no loader for data set '{name}'")
@@ -123,18 +124,28 @@ def _mnist1d(*, train_size: int, seed: int, root: str) -> Dataset:
 
 
 # ----------------------------------------------------------------------- digits
-def _digits(seed: int) -> Dataset:
-    """scikit-learn's 8x8 handwritten digits, 75/25 stratified train/test split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def _digits(seed: int, root: str) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits, 75/25 stratified train/test split (cached
+    as .npz: importing scikit-learn costs a second in every fresh client process)."""
+    cache = _cache_dir(root) / f"digits-{_digest({'seed': seed})}.npz"
+    if cache.exists():
+        with np.load(cache) as stored:
+            arrays = {k: stored[k] for k in ("x", "y", "x_test", "y_test")}
+    else:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
 
-    bunch = load_digits()
-    x = bunch.data.astype(np.float32)
-    y = bunch.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=0.25, stratify=y, random_state=int_seed(seed, "digits") % 2**32
-    )
-    return Dataset("digits", x_train, y_train, x_test, y_test, scale=16.0)
+        bunch = load_digits()
+        x_train, x_test, y_train, y_test = train_test_split(
+            bunch.data.astype(np.float32),
+            bunch.target.astype(np.int64),
+            test_size=0.25,
+            stratify=bunch.target,
+            random_state=int_seed(seed, "digits") % 2**32,
+        )
+        arrays = {"x": x_train, "y": y_train, "x_test": x_test, "y_test": y_test}
+        _atomic_savez(cache, arrays)
+    return Dataset("digits", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], scale=16.0)
 
 
 # ------------------------------------------------------------------ torchvision
@@ -189,6 +200,24 @@ def _torchvision(name: str, root: str) -> Dataset:
 
 
 # ---------------------------------------------------------------------- caching
+def cached_index_lists(
+    root: str, name: str, inputs: dict[str, object], compute: Callable[[], list[np.ndarray]]
+) -> list[np.ndarray]:
+    """A list of index arrays, computed once and kept as .npz in the data cache.
+
+    Partitions are pure functions of their inputs; deployed clients start a fresh
+    process for every message, so recomputing them (and importing the libraries that
+    compute them) each time would dominate a message's cost.
+    """
+    path = _cache_dir(root) / f"{name}-{_digest(inputs)}.npz"
+    if path.exists():
+        with np.load(path) as stored:
+            return [stored[f"a{i}"] for i in range(len(stored.files))]
+    arrays = compute()
+    _atomic_savez(path, {f"a{i}": np.asarray(a) for i, a in enumerate(arrays)})
+    return arrays
+
+
 def _cache_dir(root: str) -> Path:
     if root:
         return Path(root) / ".cache"

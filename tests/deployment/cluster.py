@@ -1,0 +1,306 @@
+"""Real multi-host deployments on one machine: network namespaces and processes.
+
+``Hosts`` gives every member (SuperLink, SuperNodes) its own network namespace with its
+own address on a bridge made for the test (``ip netns``, ``veth``); without the right
+to make namespaces it falls back to loopback and says so. ``Cluster`` starts the real
+``flower-superlink`` / ``flower-supernode`` processes of ``docker/topology.py`` in them,
+with TLS and SuperNode authentication. Everything it made (processes, namespaces, the
+bridge) is removed on ``close``, also after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+
+PROJECT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def load_script(name: str) -> ModuleType:
+    """Import a script of docker/ (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"fedpers_docker_{name}", PROJECT / "docker" / f"{name}.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+class Hosts:
+    """Network namespaces on a private bridge, or loopback when they cannot be made."""
+
+    def __init__(self, names: list[str]) -> None:
+        tag = os.getpid() % 100000
+        self.prefix = f"fp{tag}"
+        self.subnet = f"10.213.{tag % 250}"
+        self.bridge = f"{self.prefix}br"
+        self.names = names
+        self.namespaces: dict[str, str] = {}
+        self.addresses: dict[str, str] = {}
+        self.host_address = "127.0.0.1"
+        self.isolated = False
+        self.reason = ""
+        try:
+            self._create()
+            self.isolated = True
+        except (OSError, subprocess.CalledProcessError) as error:
+            self.close()
+            self.reason = getattr(error, "stderr", "") or str(error)
+            self.addresses = dict.fromkeys(names, "127.0.0.1")
+
+    def _create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        self.host_address = f"{self.subnet}.1"
+        for index, name in enumerate(self.names):
+            namespace = f"{self.prefix}-{index}"
+            outside, inside = f"{self.prefix}h{index}", f"{self.prefix}n{index}"
+            _ip("netns", "add", namespace)
+            self.namespaces[name] = namespace
+            _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            _ip("link", "set", inside, "netns", namespace)
+            _ip("link", "set", outside, "master", self.bridge)
+            _ip("link", "set", outside, "up")
+            address = f"{self.subnet}.{10 + index}"
+            _ip("netns", "exec", namespace, "ip", "addr", "add", f"{address}/24", "dev", inside)
+            _ip("netns", "exec", namespace, "ip", "link", "set", inside, "up")
+            _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+            self.addresses[name] = address
+
+    def wrap(self, name: str, command: list[str]) -> list[str]:
+        """``command`` run inside ``name``'s namespace (unchanged on loopback)."""
+        if name in self.namespaces:
+            return ["ip", "netns", "exec", self.namespaces[name], *command]
+        return command
+
+    def pids(self, name: str) -> list[int]:
+        """Processes living in ``name``'s namespace (all started by this test)."""
+        if name not in self.namespaces:
+            return []
+        listed = subprocess.run(
+            ["ip", "netns", "pids", self.namespaces[name]], capture_output=True, text=True
+        )
+        return [int(p) for p in listed.stdout.split()]
+
+    def close(self) -> None:
+        """Delete the namespaces (and with them the veth pairs) and the bridge."""
+        for namespace in self.namespaces.values():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("netns", "del", namespace)
+        self.namespaces = {}
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("link", "del", self.bridge)
+
+
+class Cluster:
+    """A SuperLink and SuperNodes of docker/topology.py, as processes on ``Hosts``."""
+
+    def __init__(self, work: Path, *, nodes: int, extra_keys: int = 1) -> None:
+        self.topology = load_script("topology")
+        credentials = load_script("credentials")
+        self.work = work
+        self.nodes = nodes
+        members = ["superlink", *[f"node{i}" for i in range(nodes + extra_keys)]]
+        self.hosts = Hosts(members)
+        self.port = self.topology.SUPERLINK_PORT if self.hosts.isolated else _free_port()
+        self.superlink_address = f"{self.hosts.addresses['superlink']}:{self.port}"
+        self.credentials = credentials.make_credentials(
+            work / "credentials",
+            ips=[self.hosts.addresses["superlink"]],
+            nodes=nodes,
+            extra_nodes=extra_keys,
+        )
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.node_ids: dict[int, int] = {}
+        self.logs: dict[str, Path] = {}
+        self.cli_home = work / "cli"
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        (self.cli_home / "config.toml").write_text(
+            self.topology.connection_toml(self.superlink_address, str(self.credentials / "ca.crt"))
+        )
+
+    # ------------------------------------------------------------------ processes
+    def environment(self, home: Path) -> dict[str, str]:
+        """The environment of every Flower process of the test."""
+        env = dict(os.environ)
+        env.update(
+            FLWR_HOME=str(home),
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            FLWR_TELEMETRY_ENABLED="0",
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            PYTHONUNBUFFERED="1",
+            MPLBACKEND="Agg",
+            PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        )
+        return env
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``command`` on host ``name`` (its own session, output to a log)."""
+        home = self.work / name
+        home.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"{name}-{len([k for k in self.logs if k.startswith(name)])}.log"
+        self.logs[name] = log
+        command = (
+            [str(BIN / command[0]), *command[1:]] if command[0].startswith("flower-") else command
+        )
+        process = subprocess.Popen(
+            self.hosts.wrap(name, command),
+            env=self.environment(home),
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            cwd=home,
+            start_new_session=True,
+        )
+        self.processes[name] = process
+        return process
+
+    def start_superlink(self) -> None:
+        """The SuperLink, waiting until it answers over TLS."""
+        host = "0.0.0.0" if self.hosts.isolated else "127.0.0.1"
+        self.start(
+            "superlink",
+            self.topology.superlink_args(
+                str(self.credentials),
+                str(self.work / "superlink" / "state.db"),
+                host=host,
+                port=self.port,
+            ),
+        )
+        deadline = time.monotonic() + 60
+        while not self.healthy(tls=True):
+            if time.monotonic() > deadline or self.processes["superlink"].poll() is not None:
+                raise RuntimeError(
+                    "SuperLink did not start:\n" + self.logs["superlink"].read_text()[-3000:]
+                )
+            time.sleep(0.3)
+
+    def start_supernode(self, index: int, *, key: str | None = None) -> subprocess.Popen[bytes]:
+        """SuperNode ``index`` (on host ``node<index>``) with its key and state directory."""
+        port = self.topology.NODE_RUNTIME_PORT if self.hosts.isolated else _free_port()
+        partition = index % self.nodes
+        return self.start(
+            f"node{index}",
+            self.topology.supernode_args(
+                partition,
+                credentials=str(self.credentials),
+                superlink=self.superlink_address,
+                num_nodes=self.nodes,
+                state_dir=str(self.work / "device-state" / f"node{partition}"),
+                port=port,
+                key=key or str(self.credentials / f"node{index}"),
+            ),
+        )
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the ``flwr`` CLI against this cluster (from the host namespace)."""
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            env=self.environment(self.cli_home),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=PROJECT,
+        )
+
+    def register(self, index: int) -> int:
+        """Register node ``index``'s public key with the SuperLink; return its node id."""
+        args = self.topology.register_args(str(self.credentials / f"node{index}.pub"))[1:]
+        result = self.cli(*args, "--format", "json")
+        if result.returncode != 0:
+            raise RuntimeError(f"registering node{index} failed:\n{result.stdout}\n{result.stderr}")
+        found = re.search(
+            r'"node-id":\s*(\d+)|SuperNode (\d+) registered', result.stdout + result.stderr
+        )
+        if found is None:
+            raise RuntimeError(f"no node id in the registration output:\n{result.stdout}")
+        self.node_ids[index] = int(found.group(1) or found.group(2))
+        return self.node_ids[index]
+
+    def replace_identity(self, index: int, key_index: int) -> int:
+        """Unregister node ``index`` and register the spare key ``node<key_index>`` for it.
+
+        Flower 1.42 keeps a SIGKILLed SuperNode ONLINE until it misses two 30 s
+        heartbeats and refuses to activate the same key before then (exit code 305);
+        an unregistered key cannot be registered again. A crashed device therefore
+        rejoins at once only under a new key (a new node id), which the strategy maps
+        back to the device's partition.
+        """
+        result = self.cli(
+            "supernode", "unregister", str(self.node_ids[index]), self.topology.CONNECTION
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"unregistering node{index} failed:\n{result.stdout}\n{result.stderr}"
+            )
+        node_id = self.register(key_index)
+        self.node_ids[index] = node_id
+        return node_id
+
+    def healthy(self, *, tls: bool) -> bool:
+        """Does the SuperLink answer ``/health`` (over TLS with the CA, or plaintext)?"""
+        import ssl
+
+        scheme = "https" if tls else "http"
+        context = (
+            ssl.create_default_context(cafile=str(self.credentials / "ca.crt")) if tls else None
+        )
+        try:
+            url = f"{scheme}://{self.superlink_address}/health"
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a member (the process group it leads and what lives in its namespace)."""
+        process = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for pid in self.hosts.pids(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def close(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL) and remove the namespaces."""
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for name, process in self.processes.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            for pid in self.hosts.pids(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        self.hosts.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,190 @@
+"""A real deployment: a SuperLink and three SuperNodes, each in its own network
+namespace, with TLS and SuperNode authentication, driven by `flwr run`.
+
+One deployed FedRep run of 4 rounds, every node training every round: rounds 1-2 must
+equal a simulated run with the same seed and partitions; in round 3 one SuperNode is
+SIGKILLed (the round completes with the others and records the failure); it restarts
+after its key is registered again, restores its head from the device's disk, the
+strategy maps its new node id back to its partition, and it takes part in round 4.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpers.results import read_rounds, read_summary
+from simulations.launch import LocalSimulation
+from tests.deployment.cluster import PROJECT, Cluster, load_script
+
+pytestmark = pytest.mark.flower
+
+NODES = 3
+RUN = {
+    "algorithm": "fedrep",
+    "dataset": "digits",
+    "num-clients": NODES,
+    "fraction-train": 1.0,
+    "round-timeout": 15.0,
+}
+REFUSED = "No SuperNode found with the given public key"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("deployment")
+    deployment = Cluster(work, nodes=NODES, extra_keys=2)  # node3: unregistered; node4: spare
+    try:
+        if not deployment.hosts.isolated:
+            warnings.warn(
+                f"network namespaces unavailable ({deployment.hosts.reason}): loopback only",
+                stacklevel=1,
+            )
+        deployment.start_superlink()
+        for index in range(NODES):
+            deployment.register(index)
+        for index in range(NODES):
+            deployment.start_supernode(index)
+        yield deployment
+    finally:
+        deployment.close()
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert deployment.hosts.prefix not in namespaces
+        for process in deployment.processes.values():
+            assert process.poll() is not None
+
+
+def test_members_have_their_own_addresses(cluster: Cluster) -> None:
+    if not cluster.hosts.isolated:
+        pytest.skip(f"network namespaces unavailable: {cluster.hosts.reason}")
+    addresses = set(cluster.hosts.addresses.values())
+    assert len(addresses) == len(cluster.hosts.addresses)  # one address per member
+
+
+def test_plaintext_is_refused_and_tls_accepted(cluster: Cluster) -> None:
+    assert cluster.healthy(tls=True)
+    assert not cluster.healthy(tls=False)
+
+
+def test_unregistered_supernode_is_refused(cluster: Cluster) -> None:
+    process = cluster.start_supernode(NODES)  # key node3: never registered
+    log = cluster.work / "superlink-0.log"
+    deadline = time.monotonic() + 30
+    while REFUSED not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cluster.kill(f"node{NODES}")
+    assert REFUSED in log.read_text()
+    assert process.poll() is not None
+
+
+def test_deployed_run_matches_simulation_and_survives_a_killed_node(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    # The simulated twin (2 rounds) runs on its own local SuperLink meanwhile.
+    simulated: dict[str, Path] = {}
+
+    def simulate() -> None:
+        with LocalSimulation(echo=lambda line: None) as simulation:
+            simulated["dir"] = simulation.run(
+                {**RUN, "num-rounds": 2, "results-dir": str(results), "run-name": "simulated"}
+            )
+
+    twin = threading.Thread(target=simulate)
+    twin.start()
+    config = tmp_path / "deployed.toml"
+    values = {**RUN, "num-rounds": 4, "results-dir": str(results), "run-name": "deployed"}
+    config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
+    outcome: dict[str, subprocess.CompletedProcess[str]] = {}
+    run = threading.Thread(
+        target=lambda: outcome.setdefault(
+            "run",
+            cluster.cli(
+                "run", str(PROJECT), "fedpers", "--run-config", str(config), "--stream", timeout=300
+            ),
+        )
+    )
+    run.start()
+    rounds_file = results / "deployed" / "rounds.jsonl"
+    _wait_for(lambda: rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 2, 200)
+    cluster.kill("node2")  # round 3 starts without it
+    spare = NODES + 1  # node4: the key of the replaced device
+    cluster.replace_identity(2, spare)
+    cluster.start_supernode(2, key=str(cluster.credentials / f"node{spare}"))
+    run.join(timeout=300)
+    twin.join(timeout=120)
+    assert outcome["run"].returncode == 0, outcome["run"].stdout[-3000:] + outcome["run"].stderr
+
+    deployed = read_rounds(results / "deployed")
+    assert [r.round for r in deployed] == [1, 2, 3, 4]
+    # Rounds 1-2: every node trained; the same metrics as in simulation.
+    twin_rounds = read_rounds(simulated["dir"])
+    for ours, theirs in zip(deployed[:2], twin_rounds, strict=True):
+        assert ours.replies == theirs.replies == NODES
+        for section in ("train", "evaluate"):
+            mine, other = getattr(ours, section), getattr(theirs, section)
+            assert set(mine) == set(other)
+            for key in mine:
+                np.testing.assert_allclose(mine[key], other[key], rtol=1e-9, atol=1e-12)
+    # Round 3: the killed node is missing and recorded; the round completed.
+    assert deployed[2].sampled == NODES
+    assert deployed[2].replies == NODES - 1
+    assert deployed[2].failures == 1
+    # Round 4: the restarted node is back.
+    assert deployed[3].replies == NODES
+    assert read_summary(results / "deployed")["rounds"] == 4
+    # Its head came back from the device: it counts the rounds trained before the kill.
+    states = list((cluster.work / "device-state" / "node2").glob("run-*-partition-2.npz"))
+    assert len(states) == 1
+    with np.load(states[0]) as stored:
+        configs = str(stored["__configs__"])
+    trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
+    assert trained >= 3  # 2 before the kill + round 4 (a fresh head would count <= 2)
+
+
+def test_compose_file_is_generated_from_the_topology() -> None:
+    topology = load_script("topology")
+    compose = (PROJECT / "docker" / "docker-compose.yml").read_text()
+    assert compose == topology.compose(topology.NODES)
+    import yaml
+
+    services = yaml.safe_load(compose)["services"]
+    assert set(services) == {
+        "superlink",
+        "register",
+        *[f"supernode-{i}" for i in range(topology.NODES)],
+    }
+    port = topology.SUPERLINK_PORT
+    assert services["superlink"]["ports"] == [f"{port}:{port}"]
+    assert services["superlink"]["command"][-2:] == ["exec", "superlink"]
+    for index in range(topology.NODES):
+        assert services[f"supernode-{index}"]["command"][-3:] == ["exec", "supernode", str(index)]
+    flags = topology.superlink_args("/c", "/d")
+    for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth"):
+        assert flag in flags
+    assert "--insecure" not in flags
+    node = topology.supernode_args(
+        1, credentials="/c", superlink="superlink:9091", num_nodes=3, state_dir="/s"
+    )
+    assert node[node.index("--node-config") + 1] == "partition-id=1 num-partitions=3 state-dir='/s'"
+    assert node[node.index("--auth-supernode-private-key") + 1] == "/c/node1"
+
+
+def _toml(value: object) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _wait_for(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.1)
