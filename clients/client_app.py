@@ -24,7 +24,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients import client_class, device_state
+from clients import client_class, device_state, faults
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
@@ -41,11 +41,16 @@ def _partition(context: Context) -> int:
     return int(context.node_config["partition-id"])
 
 
-def _client(context: Context) -> Any:
+def _client(context: Context, msg: Message | None = None) -> Any:
     """This node's client of the run's algorithm (``clients.client_class``), with its
-    state restored from the device if the SuperNode restarted (``state-dir``)."""
+    state restored from the device if the node is fresh (``clients.device_state``)."""
     run = RunConfig.from_mapping(context.run_config)
-    device_state.restore(context)
+    if msg is not None and protocol.ROUND in _config(msg):
+        server_round = int(_config(msg)[protocol.ROUND])  # type: ignore[arg-type]
+        # Training in round r starts from the state after round r - 1; evaluating in
+        # round r sees the state trained in round r.
+        evaluating = msg.metadata.message_type.startswith("evaluate")
+        device_state.restore(context, before_round=server_round + (1 if evaluating else 0))
     return client_class(run)(run, _partition(context), context.state)
 
 
@@ -78,16 +83,19 @@ def _reply(
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training."""
-    arrays, metrics = _client(context).fit(_arrays(msg), _config(msg))
+    client = _client(context, msg)
+    faults.before_fit(context, _config(msg))
+    arrays, metrics = client.fit(_arrays(msg), _config(msg))
+    arrays, metrics = faults.after_fit(context, _config(msg), arrays, metrics)
     device_state.count_round(context)
-    device_state.persist(context)
+    device_state.persist(context, server_round=int(_config(msg)[protocol.ROUND]))  # type: ignore[arg-type]
     return _reply(msg, arrays, metrics)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test metrics with the server's shared arrays and this node's personal parts."""
-    return _reply(msg, None, _client(context).evaluate(_arrays(msg), _config(msg)))
+    return _reply(msg, None, _client(context, msg).evaluate(_arrays(msg), _config(msg)))
 
 
 @app.query("info")

@@ -1,42 +1,66 @@
-"""Keep a node's ``context.state`` on the device's disk, across SuperNode restarts.
+"""Keep a node's ``context.state`` on the device's disk, across restarts and resumes.
 
-Flower holds ``context.state`` in the SuperNode's memory: a SuperNode that crashes or is
-killed loses its personal parts (FedRep's head, FedGMM's weights, a Sheaf-FRL agent).
-When the node config has ``state-dir`` (``--node-config "... state-dir='/var/lib/fedpers'"``),
-the ClientApp writes the state to ``<state-dir>/run-<run id>-partition-<id>.npz`` after
-each training round (atomically) and restores it when a fresh SuperNode of the same run
-finds its state empty. A new run never sees another run's state.
+Flower holds ``context.state`` in the SuperNode's memory (in simulation: the simulation
+engine's): a SuperNode that crashes or is killed loses its personal parts (FedRep's head,
+FedGMM's weights, a Sheaf-FRL agent), and so does every node of a simulation that is
+stopped and resumed. With a state directory (node config ``state-dir`` on a device, or
+run config ``client-state-dir`` in simulation) the ClientApp writes the state after each
+training round to ``<dir>/<run>-partition-<id>-round-<r>.npz`` (atomically; the last two
+rounds are kept) and a node whose state is empty restores the newest snapshot older than
+the round it is asked to work on, so a resumed run continues from exactly the state its
+checkpoint saw. ``<run>`` is the run name (or ``run-<id>`` without one): a new run never
+sees another run's state.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
-STATE_DIR = "state-dir"
+STATE_DIR = "state-dir"  # node-config key (devices)
+CLIENT_STATE_DIR = "client-state-dir"  # run-config key (simulation)
 META = "fedpers.meta"
 ROUNDS_TRAINED = "rounds-trained"
+KEEP = 2
 
 
-def state_file(context: Context) -> Path | None:
-    """Where this node keeps its state, or None without ``state-dir``."""
-    directory = context.node_config.get(STATE_DIR)
-    if not directory:
-        return None
-    partition = context.node_config.get("partition-id", "x")
-    return Path(str(directory)) / f"run-{context.run_id}-partition-{partition}.npz"
+def _directory(context: Context) -> Path | None:
+    directory = context.node_config.get(STATE_DIR) or context.run_config.get(CLIENT_STATE_DIR)
+    return Path(str(directory)) if directory else None
 
 
-def restore(context: Context) -> bool:
-    """Fill an empty ``context.state`` from the device; True if something was restored."""
-    path = state_file(context)
-    if path is None or not path.exists() or len(context.state) > 0:
+def _stem(context: Context) -> str:
+    run = str(context.run_config.get("run-name") or f"run-{context.run_id}")
+    return f"{run}-partition-{context.node_config.get('partition-id', 'x')}"
+
+
+def snapshots(context: Context) -> dict[int, Path]:
+    """This node's saved snapshots by round."""
+    directory = _directory(context)
+    if directory is None or not directory.exists():
+        return {}
+    pattern = re.compile(re.escape(_stem(context)) + r"-round-(\d+)\.npz$")
+    found = {}
+    for path in directory.iterdir():
+        if match := pattern.match(path.name):
+            found[int(match.group(1))] = path
+    return found
+
+
+def restore(context: Context, *, before_round: int) -> bool:
+    """Fill an empty ``context.state`` from the newest snapshot of a round before
+    ``before_round``; True if something was restored."""
+    if len(context.state) > 0:
         return False
-    with np.load(path, allow_pickle=False) as stored:
+    older = [r for r in snapshots(context) if r < before_round]
+    if not older:
+        return False
+    with np.load(snapshots(context)[max(older)], allow_pickle=False) as stored:
         configs = json.loads(str(stored["__configs__"])) if "__configs__" in stored.files else {}
         arrays: dict[str, dict[str, Array]] = {}
         for key in stored.files:
@@ -50,22 +74,25 @@ def restore(context: Context) -> bool:
     return True
 
 
-def persist(context: Context) -> None:
-    """Write ``context.state`` to the device (no-op without ``state-dir``)."""
-    path = state_file(context)
-    if path is None:
+def persist(context: Context, *, server_round: int) -> None:
+    """Snapshot ``context.state`` after ``server_round`` (no-op without a directory)."""
+    directory = _directory(context)
+    if directory is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     payload: dict[str, np.ndarray] = {}
     for record, values in context.state.array_records.items():
         for name, array in values.items():
             payload[f"a|{record}|{name}"] = array.numpy()
     configs = {name: dict(values) for name, values in context.state.config_records.items()}
     payload["__configs__"] = np.array(json.dumps(configs))
+    path = directory / f"{_stem(context)}-round-{server_round}.npz"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as handle:
         np.savez(handle, **payload)  # type: ignore[arg-type]  # numpy stubs: **kwargs
     os.replace(tmp, path)
+    for old in sorted(snapshots(context))[:-KEEP]:
+        snapshots(context)[old].unlink(missing_ok=True)
 
 
 def count_round(context: Context) -> int:

@@ -75,6 +75,12 @@ class RunConfig:
     batch_size: int
     lr_schedule: str
     client_threads: int
+    device: str
+    evaluate_every: int
+    min_replies: int
+    fault_injection: str
+    client_state_dir: str
+    resume: bool
     linear_dim: int
     linear_rank: int
     linear_samples: int
@@ -212,6 +218,13 @@ class RunConfig:
         _at_least("finetune-epochs", self.finetune_epochs, 0)
         _at_least("batch-size", self.batch_size, 1)
         _at_least("client-threads", self.client_threads, 1)
+        _one_of("device", self.device, ["auto", "cpu", "cuda"])
+        _at_least("evaluate-every", self.evaluate_every, 0)
+        _at_least("min-replies", self.min_replies, 1)
+        try:
+            parse_faults(self.fault_injection)
+        except ValueError as error:
+            raise ConfigError(f"run-config key 'fault-injection': {error}.") from error
         _at_least("samples-per-client", self.samples_per_client, 1)
         if not 0.0 < self.fraction_train <= 1.0:
             raise ConfigError(
@@ -465,6 +478,24 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
         f"it must be {kind.__name__}."
     )
+
+
+FAULT_KINDS = ("raise", "sleep", "nan", "shape", "dtype")
+
+
+def parse_faults(spec: str) -> list[tuple[str, int, int | None]]:
+    """``"raise:3@2,nan:5"`` -> ``[("raise", 3, 2), ("nan", 5, None)]`` (clients/faults.py)."""
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        kind, _, target = item.partition(":")
+        partition, _, at = target.partition("@")
+        if kind not in FAULT_KINDS or not partition.isdigit() or (at and not at.isdigit()):
+            raise ValueError(
+                f"entry '{item}' is not kind:partition[@round], kind one of "
+                f"{', '.join(FAULT_KINDS)}"
+            )
+        faults.append((kind, int(partition), int(at) if at else None))
+    return faults
 
 
 def _int_list(text: str) -> list[int]:

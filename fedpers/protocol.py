@@ -115,7 +115,6 @@ PARTITION_ID = "partition-id"
 LOSS = "loss"
 ACCURACY = "accuracy"
 LOG_LIKELIHOOD = "log-likelihood"
-REJECTED = "rejected"
 
 
 # ---- Array names of the mixture algorithms ----------------------------------------

@@ -25,16 +25,18 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
+FAILURE_FILE = "failure.json"
 
 
 @dataclass
 class RoundRecord:
     """What one round did, as written to ``rounds.jsonl``.
 
-    ``sampled``/``replies``/``failures`` count the training messages of the round,
-    ``evaluated`` the nodes whose evaluation was aggregated, ``rejected`` the replies
-    left out of the aggregation (errors, non-finite values); ``train_seconds`` and
-    ``evaluate_seconds`` split the round's wall time between the two exchanges.
+    ``sampled`` counts the training messages of the round, ``replies`` the replies
+    that were aggregated and ``failures`` the others, each with its reason in
+    ``rejections`` (client error, no reply in time, non-finite values, wrong shape or
+    dtype); ``evaluated`` counts the nodes whose evaluation was aggregated;
+    ``train_seconds`` and ``evaluate_seconds`` split the round's wall time.
     """
 
     round: int
@@ -46,7 +48,7 @@ class RoundRecord:
     replies: int = 0
     failures: int = 0
     evaluated: int = 0
-    rejected: int = 0
+    rejections: list[str] = field(default_factory=list)
     train_seconds: float = 0.0
     evaluate_seconds: float = 0.0
 
@@ -85,20 +87,51 @@ class RunRecorder:
         name: str,
         total_rounds: int,
         progress_metric: str,
+        resume_after: int | None = None,
     ) -> None:
-        if (directory / SUMMARY_FILE).exists() or (directory / ROUNDS_FILE).exists():
-            raise ResultsExistError(
-                f"{directory} already holds the results of a run; choose another "
-                "run-name or results-dir, or remove that directory"
-            )
-        directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.name = name
         self.total_rounds = total_rounds
         self.progress_metric = progress_metric
         self.records: list[RoundRecord] = []
         self.started = time.monotonic()
+        if resume_after is not None:
+            self._reopen(config, resume_after)
+            return
+        if (directory / SUMMARY_FILE).exists() or (directory / ROUNDS_FILE).exists():
+            raise ResultsExistError(
+                f"{directory} already holds the results of a run; choose another "
+                "run-name or results-dir, remove that directory, or set resume = true"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(directory / CONFIG_FILE, dict(config))
+
+    def _reopen(self, config: Mapping[str, Any], resume_after: int) -> None:
+        """Continue a run: same configuration, rounds kept up to its checkpoint."""
+        stored = read_config(self.directory)
+        differing = sorted(
+            key
+            for key in set(stored) | set(config)
+            if key != "resume" and stored.get(key) != config.get(key)
+        )
+        if differing:
+            raise ValueError(
+                f"cannot resume {self.directory}: run-config key(s) {differing} differ from "
+                "the interrupted run's config.json"
+            )
+        kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
+        with (self.directory / ROUNDS_FILE).open("w") as handle:
+            for record in kept:
+                handle.write(json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n")
+        self.records = kept
+        (self.directory / FAILURE_FILE).unlink(missing_ok=True)
+
+    def fail(self, reason: str) -> None:
+        """Record why the run stopped early (``failure.json``); rounds so far stay."""
+        _write_json_atomic(
+            self.directory / FAILURE_FILE,
+            {"reason": reason, "rounds_completed": len(self.records)},
+        )
 
     def record(self, record: RoundRecord) -> None:
         """Append a round to ``rounds.jsonl`` and log its progress line."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedpers.config import RunConfig, load_run_config
-from fedpers.results import SUMMARY_FILE, ResultsExistError, run_directory
+from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 
 PROJECT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -186,7 +186,7 @@ class LocalSimulation:
             raise RuntimeError("LocalSimulation.run called outside `with LocalSimulation()`")
         config = resolved_config(overrides)
         directory = run_directory(config.results_dir, config.run_name)
-        if (directory / SUMMARY_FILE).exists():
+        if (directory / SUMMARY_FILE).exists() and not config.resume:
             raise ResultsExistError(f"{directory} already holds results; remove it first")
         run_config_file = self.home / f"run-{config.run_name}.toml"
         run_config_file.write_text(to_toml(config.to_mapping()))
@@ -226,8 +226,10 @@ class LocalSimulation:
             shutil.copy(log_path, directory / "flower.log")
             return directory
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
+        failure = directory / FAILURE_FILE
+        reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"
         raise FlowerRunError(
-            f"run '{config.run_name}' wrote no summary (flwr exit {code}):\n{tail}"
+            f"run '{config.run_name}' failed: {reason} (flwr exit {code}):\n{tail}"
         )
 
     def run_all(

@@ -41,6 +41,8 @@ def build_strategy(config: RunConfig) -> FedpersStrategy:
         "adapt_fraction": config.adapt_fraction,
         "lr_schedule": config.lr_schedule,
         "num_rounds": config.num_rounds,
+        "min_replies": config.min_replies,
+        "evaluate_every": config.evaluate_every,
     }
     algorithm = Algorithm(config.algorithm)
     if config.is_linear:

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -32,6 +33,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedpers import protocol
+from fedpers.aggregation import weighted_mean
 from fedpers.protocol import Algorithm
 from fedpers.results import RoundRecord
 from fedpers.seeding import rng
@@ -43,6 +45,10 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 class PopulationError(RuntimeError):
     """The nodes that registered do not form the federation the run expects."""
+
+
+class RoundFailedError(RuntimeError):
+    """A round got fewer usable replies than ``min_replies``."""
 
 
 class FedpersStrategy(FedAvg):
@@ -69,6 +75,12 @@ class FedpersStrategy(FedAvg):
         ``num_rounds`` and 0.01 from three quarters (FedEM's and FedGMM's schedule).
     num_rounds : int (default: 1)
         Rounds of the run, for the schedule.
+    min_replies : int (default: 1)
+        Usable training replies a round needs; with fewer it raises ``RoundFailedError``
+        (after the round is recorded).
+    evaluate_every : int (default: 1)
+        Evaluate the nodes every this many rounds (and always in the last round); 0
+        evaluates only in the last round.
     """
 
     algorithm: ClassVar[Algorithm]
@@ -84,6 +96,8 @@ class FedpersStrategy(FedAvg):
         adapt_fraction: float = 0.5,
         lr_schedule: str = "constant",
         num_rounds: int = 1,
+        min_replies: int = 1,
+        evaluate_every: int = 1,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -101,12 +115,16 @@ class FedpersStrategy(FedAvg):
         self.adapt_fraction = adapt_fraction
         self.lr_schedule = lr_schedule
         self.num_rounds = num_rounds
+        self.min_replies = min_replies
+        self.evaluate_every = evaluate_every
+        self.accepted: dict[int, int] = {}
         first_unseen = num_nodes - round(unseen_fraction * num_nodes)
         self.seen = list(range(first_unseen))
         self.unseen = list(range(first_unseen, num_nodes))
         self.shared = protocol.shared_parts(self.algorithm)
         self.node_of_partition: dict[int, int] = {}
         self.rejections: dict[int, list[str]] = {}
+        self.sent_arrays: dict[str, tuple[tuple[int, ...], str]] = {}
         self.train_sizes: dict[int, int] = {}
         self.test_sizes: dict[int, int] = {}
 
@@ -251,6 +269,7 @@ class FedpersStrategy(FedAvg):
     ) -> Iterable[Message]:
         """TRAIN to this round's sample, carrying the shared arrays and the settings."""
         config[protocol.ROUND] = server_round
+        self.sent_arrays = {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()}
         if protocol.LR in config:
             base_lr = float(config[protocol.LR])  # type: ignore[arg-type]
             config[protocol.LR] = base_lr * self.lr_factor(server_round)
@@ -283,8 +302,23 @@ class FedpersStrategy(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg's weighted average of the replies that pass ``screen``."""
-        return super().aggregate_train(server_round, self.screen(server_round, replies))
+        """Weighted average (``fedpers.aggregation.weighted_mean``) of the replies that
+        pass ``screen``, weighted by their ``num-examples``; None without any."""
+        valid = self.screen(server_round, replies)
+        if not valid:
+            return None, None
+        contents = [reply.content for reply in valid]
+        arrays = [
+            {
+                k: v.numpy()
+                for k, v in c.array_records.get(self.arrayrecord_key, ArrayRecord()).items()
+            }
+            for c in contents
+        ]
+        weights = [_num_examples(c) for c in contents]
+        averaged = weighted_mean(arrays, weights)
+        record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in averaged.items()})
+        return record, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """Replies fit to aggregate: no error, every array and metric finite.
@@ -296,7 +330,7 @@ class FedpersStrategy(FedAvg):
         kept = []
         for reply in replies:
             partition = partition_of.get(reply.metadata.src_node_id, -1)
-            reason = _defect(reply)
+            reason = _defect(reply) or self._mismatch(reply)
             if reason is None:
                 kept.append(reply)
                 continue
@@ -307,7 +341,34 @@ class FedpersStrategy(FedAvg):
                 reason,
             )
             self.rejections.setdefault(server_round, []).append(f"partition {partition}: {reason}")
+        self.accepted[server_round] = len(kept)
         return kept
+
+    def _mismatch(self, reply: Message) -> str | None:
+        """Why a reply's arrays do not fit the arrays sent this round, or None.
+
+        Arrays the server sent must come back with the same shape and dtype; arrays it
+        did not send (statistics, gammas) are the algorithm's to check.
+        """
+        metrics = reply.content.metric_records.get(protocol.METRICS)
+        if metrics is None or protocol.NUM_EXAMPLES not in metrics:
+            return f"no '{protocol.NUM_EXAMPLES}' metric"
+        if float(metrics[protocol.NUM_EXAMPLES]) < 0:  # type: ignore[arg-type]
+            return "negative number of examples"
+        returned = reply.content.array_records.get(self.arrayrecord_key, ArrayRecord())
+        for name, sent in self.sent_arrays.items():
+            if name not in returned:
+                continue
+            value = returned[name]
+            if tuple(value.shape) != sent[0] or value.dtype != sent[1]:
+                return (
+                    f"array '{name}' is {value.dtype}{list(value.shape)}, "
+                    f"expected {sent[1]}{list(sent[0])}"
+                )
+        if self.shared and set(returned) < set(self.sent_arrays):
+            missing = sorted(set(self.sent_arrays) - set(returned))[:3]
+            return f"arrays missing from the reply: {missing}"
+        return None
 
     # ------------------------------------------------------------------ round loop
     def start(
@@ -320,20 +381,32 @@ class FedpersStrategy(FedAvg):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
         *,
+        first_round: int = 1,
         on_round: Callable[[RoundRecord], None] | None = None,
+        on_checkpoint: Callable[[int, ArrayRecord], None] | None = None,
     ) -> Result:
         """Flower's round loop (train, aggregate, evaluate), reporting every round.
 
-        Same contract as ``flwr.serverapp.strategy.Strategy.start``, plus ``on_round``,
-        called with a ``RoundRecord`` after each round.
+        Same contract as ``flwr.serverapp.strategy.Strategy.start``, plus: ``first_round``
+        (a resumed run starts after its checkpoint with ``initial_arrays`` from it),
+        ``on_round`` (called with each round's ``RoundRecord``) and ``on_checkpoint``
+        (called with the round and the global arrays after it, to save them).
+
+        Raises
+        ------
+        RoundFailedError
+            When a round has fewer usable training replies than ``min_replies``.
         """
         self.summary()
         result = Result()
         arrays = initial_arrays
         result.arrays = arrays
-        if evaluate_fn is not None and (metrics := evaluate_fn(0, arrays)) is not None:
-            result.evaluate_metrics_serverapp[0] = metrics
-        for server_round in range(1, num_rounds + 1):
+        if (
+            evaluate_fn is not None
+            and (metrics := evaluate_fn(first_round - 1, arrays)) is not None
+        ):
+            result.evaluate_metrics_serverapp[first_round - 1] = metrics
+        for server_round in range(first_round, num_rounds + 1):
             started = time.monotonic()
             self.refresh_population(grid, timeout=timeout)
             messages = list(
@@ -342,50 +415,77 @@ class FedpersStrategy(FedAvg):
                 )
             )
             replies = self.in_partition_order(grid.send_and_receive(messages, timeout=timeout))
-            succeeded = sum(not r.has_error() for r in replies)
+            self._note_missing(server_round, messages, replies, timeout)
+            self.accepted[server_round] = sum(not r.has_error() for r in replies)
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
             if new_arrays is not None:
                 arrays = new_arrays
                 result.arrays = arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[server_round] = train_metrics
-            evaluate_messages = list(
-                self.configure_evaluate(
-                    server_round, arrays, ConfigRecord(dict(evaluate_config or {})), grid
-                )
-            )
             trained = time.monotonic()
             evaluate_metrics, evaluated = None, 0
-            if evaluate_messages:
-                evaluate_replies = self.in_partition_order(
-                    grid.send_and_receive(evaluate_messages, timeout=timeout)
+            if self._evaluates(server_round, num_rounds):
+                evaluate_messages = list(
+                    self.configure_evaluate(
+                        server_round, arrays, ConfigRecord(dict(evaluate_config or {})), grid
+                    )
                 )
-                evaluated = sum(not r.has_error() for r in evaluate_replies)
-                evaluate_metrics = self.aggregate_evaluate(server_round, evaluate_replies)
+                if evaluate_messages:
+                    evaluate_replies = self.in_partition_order(
+                        grid.send_and_receive(evaluate_messages, timeout=timeout)
+                    )
+                    evaluated = sum(not r.has_error() for r in evaluate_replies)
+                    evaluate_metrics = self.aggregate_evaluate(server_round, evaluate_replies)
             if evaluate_metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
             server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn else None
             if server_metrics is not None:
                 result.evaluate_metrics_serverapp[server_round] = server_metrics
-            extra = self.round_metrics(server_round)
+            accepted = self.accepted.get(server_round, 0)
+            record = RoundRecord(
+                round=server_round,
+                seconds=time.monotonic() - started,
+                train=_plain(train_metrics),
+                evaluate=_plain(evaluate_metrics),
+                server={**_plain(server_metrics), **self.round_metrics(server_round)},
+                sampled=len(messages),
+                replies=accepted,
+                failures=len(messages) - accepted,
+                evaluated=evaluated,
+                rejections=list(self.rejections.get(server_round, [])),
+                train_seconds=trained - started,
+                evaluate_seconds=time.monotonic() - trained,
+            )
             if on_round is not None:
-                on_round(
-                    RoundRecord(
-                        round=server_round,
-                        seconds=time.monotonic() - started,
-                        train=_plain(train_metrics),
-                        evaluate=_plain(evaluate_metrics),
-                        server={**_plain(server_metrics), **extra},
-                        sampled=len(messages),
-                        replies=succeeded,
-                        failures=len(messages) - succeeded,
-                        evaluated=evaluated,
-                        rejected=len(self.rejections.get(server_round, [])),
-                        train_seconds=trained - started,
-                        evaluate_seconds=time.monotonic() - trained,
-                    )
+                on_round(record)
+            if messages and accepted < self.min_replies:
+                raise RoundFailedError(
+                    f"round {server_round}: {accepted} usable replies of {len(messages)}, "
+                    f"fewer than min-replies = {self.min_replies}; "
+                    + "; ".join(record.rejections[:5])
                 )
+            if on_checkpoint is not None:
+                on_checkpoint(server_round, arrays)
         return result
+
+    def _evaluates(self, server_round: int, num_rounds: int) -> bool:
+        if server_round == num_rounds:
+            return True
+        return self.evaluate_every > 0 and server_round % self.evaluate_every == 0
+
+    def _note_missing(
+        self, server_round: int, messages: list[Message], replies: list[Message], timeout: float
+    ) -> None:
+        """Record every sampled node that did not answer within the round's timeout."""
+        answered = {r.metadata.src_node_id for r in replies}
+        partition_of = {node: p for p, node in self.node_of_partition.items()}
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if node not in answered:
+                reason = f"partition {partition_of.get(node, -1)}: no reply within {timeout:g} s"
+                logger.warning("round %d: %s", server_round, reason)
+                self.rejections.setdefault(server_round, []).append(reason)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Server-side figures of a round for ``rounds.jsonl`` (none by default)."""
@@ -414,6 +514,11 @@ class FedpersStrategy(FedAvg):
         replies = self.in_partition_order(grid.send_and_receive(messages, timeout=timeout))
         metrics = self.aggregate_evaluate(server_round, replies)
         return None if metrics is None else ("unseen", metrics)
+
+
+def _num_examples(content: RecordDict) -> float:
+    value = content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]
+    return float(value)  # type: ignore[arg-type]
 
 
 def _defect(reply: Message) -> str | None:

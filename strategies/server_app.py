@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedpers import linear, protocol
+from fedpers.checkpoint import load_checkpoint, save_checkpoint
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
 from fedpers.logs import route_to_flower
-from fedpers.results import RoundRecord, RunRecorder, final_mean, run_directory
+from fedpers.results import RoundRecord, RunRecorder, final_mean, run_directory, write_json
 from strategies import build_strategy
 from strategies.base import EvaluateFn
 
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 app = ServerApp()
 
 DISTANCE = "principal-angle-distance"
+INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear runs)
 
 
 @app.main()
@@ -34,40 +37,57 @@ def main(grid: Grid, context: Context) -> None:
     )
     directory = run_directory(config.results_dir, run_name)
     progress = f"server.{DISTANCE}" if config.is_linear else "evaluate.accuracy"
+    checkpoint_round, checkpoint_arrays = load_checkpoint(directory) if config.resume else (0, {})
     recorder = RunRecorder(
         directory,
         {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
         name=run_name,
         total_rounds=config.num_rounds,
         progress_metric=progress,
+        resume_after=checkpoint_round if config.resume else None,
     )
-    logger.info("results of this run: %s", directory)
+    logger.info(
+        "results of this run: %s%s",
+        directory,
+        f" (resumed after round {checkpoint_round})" if config.resume else "",
+    )
     strategy = build_strategy(config)
-    strategy.connect(grid, timeout=config.node_wait_timeout)
-    initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
     evaluate_fn = _distance_to_truth(config) if config.is_linear else None
     evaluate_config = _evaluate_config(config)
-    result = strategy.start(
-        grid,
-        initial,
-        num_rounds=config.num_rounds,
-        timeout=config.round_timeout,
-        train_config=_train_config(config),
-        evaluate_config=evaluate_config,
-        evaluate_fn=evaluate_fn,
-        on_round=recorder.record,
-    )
-    final = strategy.final_evaluation(
-        grid,
-        result.arrays,
-        evaluate_config,
-        server_round=config.num_rounds + 1,
-        timeout=config.round_timeout,
-    )
+    try:
+        strategy.connect(grid, timeout=config.node_wait_timeout)
+        if config.resume:
+            initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
+        else:
+            initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
+            if evaluate_fn is not None:
+                write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+        result = strategy.start(
+            grid,
+            initial,
+            num_rounds=config.num_rounds,
+            timeout=config.round_timeout,
+            train_config=_train_config(config),
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+            first_round=checkpoint_round + 1,
+            on_round=recorder.record,
+            on_checkpoint=lambda server_round, arrays: _checkpoint(directory, server_round, arrays),
+        )
+        final = strategy.final_evaluation(
+            grid,
+            result.arrays,
+            evaluate_config,
+            server_round=config.num_rounds + 1,
+            timeout=config.round_timeout,
+        )
+    except Exception as error:
+        recorder.fail(f"{type(error).__name__}: {error}")
+        raise
     _save_arrays(directory / "final_arrays.npz", result.arrays)
     if config.is_linear:
         distances = [r.server[DISTANCE] for r in recorder.records]
-        initial_distance = result.evaluate_metrics_serverapp[0][DISTANCE]
+        initial_distance = json.loads((directory / INITIAL_FILE).read_text())[DISTANCE]
         below = [r.round for r in recorder.records if r.server[DISTANCE] < 1e-2]
         summary: dict[str, object] = {
             "initial_principal_angle_distance": initial_distance,
@@ -117,6 +137,14 @@ def _sheaf_summary(
         "edges": [list(e) for e in config.sheaf_graph()],
         "latent_dims": [s.latent for s in config.agent_specs()],
     }
+
+
+def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None:
+    save_checkpoint(directory, server_round, {k: v.numpy() for k, v in arrays.items()})
+
+
+def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
+    return {} if metrics is None else {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
 
 
 def _train_config(config: RunConfig) -> ConfigRecord:

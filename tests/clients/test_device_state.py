@@ -1,4 +1,4 @@
-"""A node's state survives a SuperNode restart when the device keeps it."""
+"""A node's state survives a SuperNode restart or a resumed run when it is kept."""
 
 from pathlib import Path
 
@@ -8,40 +8,60 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from clients import device_state
 
 
-def _context(run_id: int, state_dir: Path, state: RecordDict | None = None) -> Context:
+def _context(tmp_path: Path, run_name: str = "exp", *, node_dir: bool = True) -> Context:
+    node_config: dict = {"partition-id": 2}
+    run_config: dict = {"run-name": run_name}
+    if node_dir:
+        node_config["state-dir"] = str(tmp_path)
+    else:
+        run_config["client-state-dir"] = str(tmp_path)
     return Context(
-        run_id=run_id,
-        node_id=5,
-        node_config={"partition-id": 2, "state-dir": str(state_dir)},
-        state=state if state is not None else RecordDict(),
-        run_config={},
+        run_id=7, node_id=5, node_config=node_config, state=RecordDict(), run_config=run_config
     )
 
 
-def test_state_is_restored_by_a_fresh_node_of_the_same_run_only(tmp_path: Path) -> None:
-    head = np.arange(6, dtype=np.float32).reshape(2, 3)
-    before = _context(7, tmp_path)
-    before.state["fedpers.personal"] = ArrayRecord({"head.weight": Array(head)})
-    assert device_state.count_round(before) == 1
-    assert device_state.count_round(before) == 2
-    device_state.persist(before)
-
-    after = _context(7, tmp_path)  # a restarted SuperNode: empty state
-    assert device_state.restore(after)
-    np.testing.assert_array_equal(after.state["fedpers.personal"]["head.weight"].numpy(), head)
-    assert after.state[device_state.META][device_state.ROUNDS_TRAINED] == 2
-    assert device_state.count_round(after) == 3
-
-    other_run = _context(8, tmp_path)
-    assert not device_state.restore(other_run)
-    assert len(other_run.state) == 0
+def _head(context: Context) -> np.ndarray:
+    return context.state["fedpers.personal"]["head.weight"].numpy()
 
 
-def test_without_state_dir_nothing_is_written(tmp_path: Path) -> None:
+def test_a_fresh_node_restores_the_newest_snapshot_before_its_round(tmp_path: Path) -> None:
+    node = _context(tmp_path)
+    for server_round in (1, 2, 3):
+        node.state["fedpers.personal"] = ArrayRecord(
+            {"head.weight": Array(np.full((2, 2), server_round, np.float32))}
+        )
+        device_state.count_round(node)
+        device_state.persist(node, server_round=server_round)
+    assert sorted(device_state.snapshots(node)) == [2, 3]  # only the last two are kept
+
+    resumed = _context(tmp_path)  # training round 3 again after a crash: state of round 2
+    assert device_state.restore(resumed, before_round=3)
+    np.testing.assert_array_equal(_head(resumed), np.full((2, 2), 2, np.float32))
+    assert resumed.state[device_state.META][device_state.ROUNDS_TRAINED] == 2
+
+    later = _context(tmp_path)
+    assert device_state.restore(later, before_round=10)
+    np.testing.assert_array_equal(_head(later), np.full((2, 2), 3, np.float32))
+    assert not device_state.restore(later, before_round=10)  # not empty any more
+
+    assert not device_state.restore(_context(tmp_path), before_round=2)  # round 1 was dropped
+    assert not device_state.restore(_context(tmp_path, "other-run"), before_round=10)
+
+
+def test_simulation_keeps_state_through_the_run_config(tmp_path: Path) -> None:
+    node = _context(tmp_path, node_dir=False)
+    node.state["x"] = ConfigRecord({"a": 1})
+    device_state.persist(node, server_round=1)
+    fresh = _context(tmp_path, node_dir=False)
+    assert device_state.restore(fresh, before_round=2)
+    assert fresh.state["x"]["a"] == 1
+
+
+def test_without_a_directory_nothing_is_written(tmp_path: Path) -> None:
     context = Context(
         run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={}
     )
     context.state["x"] = ConfigRecord({"a": 1})
-    device_state.persist(context)
+    device_state.persist(context, server_round=1)
     assert not any(tmp_path.iterdir())
-    assert not device_state.restore(context)
+    assert not device_state.restore(context, before_round=5)

@@ -142,9 +142,12 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     assert deployed[3].replies == NODES
     assert read_summary(results / "deployed")["rounds"] == 4
     # Its head came back from the device: it counts the rounds trained before the kill.
-    states = list((cluster.work / "device-state" / "node2").glob("run-*-partition-2.npz"))
-    assert len(states) == 1
-    with np.load(states[0]) as stored:
+    states = sorted(
+        (cluster.work / "device-state" / "node2").glob("deployed-partition-2-round-*.npz"),
+        key=lambda p: int(p.stem.rsplit("-", 1)[1]),
+    )
+    assert states
+    with np.load(states[-1]) as stored:
         configs = str(stored["__configs__"])
     trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
     assert trained >= 3  # 2 before the kill + round 4 (a fresh head would count <= 2)
