@@ -90,6 +90,7 @@ class LocalSimulation:
         self.keep_home = keep_home
         self.home = PROJECT / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
         self.port = 0
         self._log: TextIO | None = None
 
@@ -150,12 +151,33 @@ class LocalSimulation:
         except OSError:
             return False
 
+    def kill_server(self) -> list[int]:
+        """SIGKILL the running ServerApp (in simulation: the ``flwr-simulation`` process,
+        which also runs the virtual nodes) and what it started; end the log streams.
+
+        For fault-tolerance tests: the run is gone without a chance to clean up.
+        """
+        victims = [p for p in processes_with_home(self.home) if "flwr-simulation" in _cmdline(p)]
+        # Its Ray processes (some drop FLWR_HOME from their environment) are its
+        # descendants: collect them before the parents die and they are re-parented.
+        doomed = [d for victim in victims for d in _descendants(victim)]
+        for pid in victims + doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for stream in list(self.streams):
+            stream.terminate()
+        return victims
+
     def stop(self, grace: float = 15.0) -> None:
-        """Stop the SuperLink and everything in its process group, by PID."""
+        """Stop the SuperLink and everything in its process group, by PID, then any
+        process still running with this simulation's FLWR_HOME (all started here)."""
         if self.process is not None:
             # The SuperLink leads its own session and process group.
             stop_process_group(self.process.pid, grace=grace, reap=self.process.poll)
             self.process = None
+        for pid in processes_with_home(self.home):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -216,12 +238,14 @@ class LocalSimulation:
                 text=True,
                 cwd=PROJECT,
             )
+            self.streams.add(process)
             assert process.stdout is not None
             for line in process.stdout:
                 log.write(line)
                 if PROGRESS.search(line):
                     self.echo(_strip_log_prefix(line))
             code = process.wait()
+            self.streams.discard(process)
         if (directory / SUMMARY_FILE).exists():
             shutil.copy(log_path, directory / "flower.log")
             return directory
@@ -298,6 +322,50 @@ def stop_process_group(
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
+
+
+def processes_with_home(home: Path) -> list[int]:
+    """PIDs of live processes whose environment has ``FLWR_HOME=home``: the SuperLink,
+    SuperExec, simulation and Ray processes started for this simulation inherit it."""
+    marker = f"FLWR_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def _group_alive(group: int) -> bool:

@@ -36,6 +36,8 @@ def run_config(**overrides: Any) -> dict[str, Any]:
 
 
 class InProcessGrid:
+    DROP = "__drop__"  # what `fail` returns for a message that never gets a reply
+
     """A ``Grid`` whose nodes run the ClientApp in this process.
 
     Parameters
@@ -87,6 +89,8 @@ class InProcessGrid:
             self.sent.append(message)
             node = message.metadata.dst_node_id
             reason = self.fail(node, message) if self.fail else None
+            if reason == self.DROP:
+                continue
             if reason is None:
                 try:
                     reply = self.app(message, self.contexts[node])

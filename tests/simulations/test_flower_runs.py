@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedpers.results import read_config, read_rounds, read_summary
-from simulations.launch import LocalSimulation
-from tests.simulations.conftest import processes_with_home
+from simulations.launch import LocalSimulation, processes_with_home
 
 pytestmark = pytest.mark.flower
 
