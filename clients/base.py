@@ -23,7 +23,14 @@ from fedpers.data.client import adaptation_split, client_data
 from fedpers.models import build_model, load_part_arrays, part_arrays
 from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
-from fedpers.training import EvalStats, SGDSettings, evaluate, random_crop_flip, train
+from fedpers.training import (
+    EvalStats,
+    SGDSettings,
+    evaluate,
+    random_crop_flip,
+    resolve_device,
+    train,
+)
 
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
 
@@ -71,6 +78,8 @@ class PersonalizedClient:
             assert isinstance(stored, ArrayRecord)
             load_part_arrays(self.model, {k: v.numpy() for k, v in stored.items()})
         self.augment = random_crop_flip() if run.dataset in AUGMENTED_DATASETS else None
+        self.device = resolve_device(run.device)
+        self.model.to(self.device)
 
     # ------------------------------------------------------------ algorithm hook
     def local_update(self, config: ConfigRecord) -> list[tuple[tuple[str, ...], int]]:
@@ -91,7 +100,7 @@ class PersonalizedClient:
         self.load_shared(arrays)
         server_round = config_int(config, protocol.ROUND)
         generator = self._generator("train", server_round)
-        x, y = torch.from_numpy(self.data.x_train), torch.from_numpy(self.data.y_train)
+        x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
         settings = settings_from(config)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
@@ -128,13 +137,13 @@ class PersonalizedClient:
                 self.run.seed,
                 self.partition_id,
             )
-            return self._metrics(evaluate(self.model, torch.from_numpy(x), torch.from_numpy(y)))
+            return self._metrics(evaluate(self.model, self.tensor(x), self.tensor(y)))
         finetune_epochs = config_int(config, protocol.FINETUNE_EPOCHS, default=0)
         if finetune_epochs > 0:
             train(
                 self.model,
-                torch.from_numpy(self.data.x_train),
-                torch.from_numpy(self.data.y_train),
+                self.tensor(self.data.x_train),
+                self.tensor(self.data.y_train),
                 parts=(protocol.HEAD,),
                 epochs=finetune_epochs,
                 settings=settings_from(config),
@@ -143,8 +152,8 @@ class PersonalizedClient:
             )
         stats = evaluate(
             self.model,
-            torch.from_numpy(self.data.x_test),
-            torch.from_numpy(self.data.y_test),
+            self.tensor(self.data.x_test),
+            self.tensor(self.data.y_test),
         )
         return self._metrics(stats)
 
@@ -157,6 +166,10 @@ class PersonalizedClient:
         }
 
     # ------------------------------------------------------------------- helpers
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A numpy array on the client's device."""
+        return torch.from_numpy(array).to(self.device)
+
     def load_shared(self, arrays: Arrays) -> None:
         """Load the server's shared parts; exactly the expected arrays must be there."""
         expected = set(part_arrays(self.model, self.shared))

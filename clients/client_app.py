@@ -27,7 +27,7 @@ from flwr.clientapp import ClientApp
 from clients import client_class, device_state, faults
 from fedpers import protocol
 from fedpers.config import RunConfig
-from fedpers.data.client import client_data
+from fedpers.data.client import client_data, generated_sizes
 
 app = ClientApp()
 
@@ -105,6 +105,8 @@ def info(msg: Message, context: Context) -> Message:
     partition = _partition(context)
     if run.is_linear:
         num_train, num_test = run.linear_samples, 0
+    elif run.partitioner == "generated":  # known without generating anything
+        num_train, num_test = generated_sizes(run)
     else:  # the data alone: no model, no torch, for a message every node answers
         data = client_data(run, partition)
         num_train, num_test = len(data.y_train), len(data.y_test)

@@ -28,7 +28,7 @@ from fedpers.data.client import adaptation_split, client_data
 from fedpers.models import SplitModel, build_model, load_part_arrays, part_arrays
 from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
-from fedpers.training import train
+from fedpers.training import resolve_device, train
 
 
 class FedEMClient:
@@ -53,6 +53,9 @@ class FedEMClient:
             )
             for m in range(run.mixture_learners)
         ]
+        self.device = resolve_device(run.device)
+        for learner in self.learners:
+            learner.to(self.device)
         stored = state.get(protocol.STATE_PERSONAL)
         if stored is not None:
             assert isinstance(stored, ArrayRecord)
@@ -104,11 +107,11 @@ class FedEMClient:
     @torch.no_grad()
     def learner_log_probs(self, x: np.ndarray) -> np.ndarray:
         """``log softmax(f_m(x))`` of every learner, shape (n, M2, K)."""
-        inputs = torch.from_numpy(x)
+        inputs = torch.from_numpy(x).to(self.device)
         out = []
         for learner in self.learners:
             learner.eval()
-            out.append(F.log_softmax(learner(inputs), dim=1).numpy())
+            out.append(F.log_softmax(learner(inputs), dim=1).cpu().numpy())
         return np.stack(out, axis=1).astype(float)
 
     def mixture_log_weights(self, arrays: Arrays) -> np.ndarray:
@@ -133,10 +136,10 @@ class FedEMClient:
             {protocol.MIXTURE_WEIGHTS: Array(self.weights.copy())}
         )
         extra = self.statistics(x, responsibilities, arrays)
-        learner_weights = torch.from_numpy(responsibilities.sum(axis=1).astype(np.float32))
+        learner_weights = torch.from_numpy(responsibilities.sum(axis=1).astype(np.float32)).to(self.device)
         server_round = config_int(config, protocol.ROUND)
         settings = settings_from(config)
-        x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+        x_t, y_t = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         for m, learner in enumerate(self.learners):
             generator = torch.Generator().manual_seed(
                 int_seed(self.run.seed, "train", self.partition_id, server_round, m)

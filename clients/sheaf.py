@@ -32,7 +32,7 @@ from fedpers.data.client import client_data, pilot_data
 from fedpers.models.agents import build_agent, pilot_whitening
 from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
-from fedpers.training import evaluate, train
+from fedpers.training import evaluate, resolve_device, train
 
 STATE_MODEL = "sheaf.model"
 STATE_MAPS = "sheaf.maps"
@@ -61,11 +61,17 @@ class SheafClient:
             stored = state[STATE_MODEL]
             assert isinstance(stored, ArrayRecord)
             self.model.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in stored.items()})
+        self.device = resolve_device(run.device)
+        self.model.to(self.device)
         self.data = client_data(run, partition_id)
         self.pilots_x, self.pilots_y = pilot_data(run)
         self.lam = 0.0 if run.algorithm == Algorithm.NON_COOPERATIVE else run.sheaf_lambda
 
     # ------------------------------------------------------------------ helpers
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A numpy array on the agent's device."""
+        return torch.from_numpy(array).to(self.device)
+
     def sizes(self) -> tuple[int, int]:
         """Numbers of training and test samples of this agent."""
         return len(self.data.y_train), len(self.data.y_test)
@@ -80,7 +86,7 @@ class SheafClient:
     def raw_latents(self, x: np.ndarray) -> np.ndarray:
         """Encoder outputs (eval mode) of inputs ``x``."""
         self.model.eval()
-        return self.model.body(torch.from_numpy(x)).numpy().astype(float)
+        return self.model.body(self.tensor(x)).cpu().numpy().astype(float)
 
     def whitening(self, mode: str) -> sheaf.Whitening:
         """Whitening statistics fitted on the pilots' or the training data's latents."""
@@ -91,8 +97,8 @@ class SheafClient:
         """The pilot latents whitened by their own statistics (eval mode, no dropout)."""
         with torch.no_grad():
             self.model.eval()
-            whitened, _, _ = pilot_whitening(self.model.body(torch.from_numpy(self.pilots_x)))
-            return whitened.numpy().astype(float)
+            whitened, _, _ = pilot_whitening(self.model.body(self.tensor(self.pilots_x)))
+            return whitened.cpu().numpy().astype(float)
 
     def restriction(self, neighbour: int, own: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """The edge's map ``V`` (d_large x d_small) from the two endpoints' pilots."""
@@ -128,12 +134,12 @@ class SheafClient:
         with torch.no_grad():
             self.model.eval()
             whitened, mean, factor = pilot_whitening(
-                self.model.body(torch.from_numpy(self.pilots_x))
+                self.model.body(self.tensor(self.pilots_x))
             )
         inverse = torch.linalg.inv(factor)
-        self.model.whitening.set(mean.numpy(), inverse.T.numpy(), factor.T.numpy())
+        self.model.whitening.set(mean.cpu().numpy(), inverse.T.cpu().numpy(), factor.T.cpu().numpy())
         self.save()
-        return {protocol.PILOTS: whitened.numpy().astype(float)}
+        return {protocol.PILOTS: whitened.cpu().numpy().astype(float)}
 
     def maps_message(self, arrays: Arrays) -> Arrays:
         """Homogeneous variant, edge source: one SVD per owned edge; send own pilots
@@ -236,11 +242,11 @@ class SheafClient:
         generator = torch.Generator().manual_seed(
             int_seed(self.run.seed, "train", self.partition_id, server_round)
         )
-        pilots = torch.from_numpy(self.pilots_x)
+        pilots = self.tensor(self.pilots_x)
         targets = [
             (
-                torch.from_numpy(t.astype(np.float32)),
-                None if r is None else torch.from_numpy(r.astype(np.float32)),
+                self.tensor(t.astype(np.float32)),
+                None if r is None else self.tensor(r.astype(np.float32)),
             )
             for t, r in edges
         ]
@@ -266,8 +272,8 @@ class SheafClient:
 
         stats = train(
             self.model,
-            torch.from_numpy(self.data.x_train),
-            torch.from_numpy(self.data.y_train),
+            self.tensor(self.data.x_train),
+            self.tensor(self.data.y_train),
             parts=("body", "head"),
             epochs=config_int(config, protocol.EPOCHS),
             settings=settings_from(config),
@@ -297,7 +303,7 @@ class SheafClient:
         neighbour's transported test latents with this agent's head."""
         if not config_int(config, protocol.COMMUNICATION, default=0):
             stats = evaluate(
-                self.model, torch.from_numpy(self.data.x_test), torch.from_numpy(self.data.y_test)
+                self.model, self.tensor(self.data.x_test), self.tensor(self.data.y_test)
             )
             # Weight 1: the paper averages accuracies over agents, not over samples.
             return {
@@ -321,8 +327,8 @@ class SheafClient:
             received = self.from_neighbour(sender, latents, restriction)
             with torch.no_grad():
                 self.model.eval()
-                raw = torch.from_numpy(whitening.colour(received).astype(np.float32))
-                predicted = self.model.head(raw).argmax(dim=1).numpy()
+                raw = self.tensor(whitening.colour(received).astype(np.float32))
+                predicted = self.model.head(raw).argmax(dim=1).cpu().numpy()
             accuracy = float(np.mean(predicted == labels))
             metrics[f"edge.{sender}"] = accuracy
             accuracies.append(accuracy)

@@ -28,7 +28,7 @@ from fedpers.protocol import (
 )
 from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, target_classes
 
-PARTITIONERS = ("classes", "dirichlet", "lognormal")
+PARTITIONERS = ("classes", "dirichlet", "lognormal", "generated")
 TEST_SPLITS = ("dataset", "per-client")
 LR_SCHEDULES = ("constant", "milestones")
 EMBEDDINGS = ("auto", "identity", "pca", "resnet18")
@@ -267,7 +267,12 @@ class RunConfig:
                 f"run-config key 'model' = '{self.model}' does not take the inputs of "
                 f"dataset='{self.dataset}'; use 'auto' or one of: {', '.join(fitting)}."
             )
-        if self.partitioner in ("classes", "lognormal") and not (
+        if self.partitioner == "generated" and self.dataset != "mnist1d":
+            raise ConfigError(
+                "run-config key 'partitioner' = 'generated' (each client generates its own "
+                f"data) exists for dataset='mnist1d' only, not '{self.dataset}'."
+            )
+        if self.partitioner in ("classes", "lognormal", "generated") and not (
             1 <= self.classes_per_client <= self.num_classes
         ):
             raise ConfigError(

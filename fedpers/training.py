@@ -17,6 +17,21 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when a GPU is visible, else the CPU; ``cpu`` or ``cuda`` as asked.
+
+    Raises
+    ------
+    ValueError
+        For ``cuda`` on a machine without a visible GPU.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("run-config key 'device' = 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
 @dataclass(frozen=True)
 class SGDSettings:
     """Local optimizer settings (a fresh SGD optimizer per ``train`` call).

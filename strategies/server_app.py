@@ -62,6 +62,7 @@ def main(grid: Grid, context: Context) -> None:
             initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
             if evaluate_fn is not None:
                 write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+        rounds_started = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
         result = strategy.start(
             grid,
             initial,
@@ -113,6 +114,7 @@ def main(grid: Grid, context: Context) -> None:
         if any(v is not None for v in mixture):
             summary["train_log_likelihood"] = [v for v in mixture if v is not None]
     summary["algorithm"] = config.algorithm
+    summary["rounds_started_unix"] = rounds_started
     summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
     written = recorder.finish(summary, plots=[progress])
     logger.info("summary: %s", written)

@@ -1,0 +1,236 @@
+"""How far and how cheaply FedRep simulations scale: 100, 1,000 and 5,000 virtual clients.
+
+    python -m simulations.scale --out DIR [--quick] [--sizes 100,1000,5000]
+
+FedRep with the small MNIST-1D MLP (40-128-64 | 64-10); every client generates its own
+100 training samples of 2 classes from its own seed (``partitioner = "generated"``), so
+no process builds anyone else's data. 10% of the clients train per round, 1 CPU per
+client (2 Ray actors on 2 cores), evaluation only after the last round.
+
+For each size it measures, through a real `flwr run`:
+- ``round_seconds``: the median wall time of the training exchanges of the steady
+  rounds (all but the first and the last);
+- ``plain_loop_seconds``: the same local training (same sampled clients, same data,
+  model, epochs and averaging) in one process without Flower, the bare computation;
+- ``ratio``: the two divided;
+- ``startup_seconds``: from launching `flwr run` to the start of round 1 (CLI, run
+  start, Ray, node registration, the initial model);
+- ``peak_rss_mb`` and ``peak_pss_mb``: the peak memory of the whole process tree
+  (SuperLink, SuperExec, simulation, Ray and its workers), summed over processes,
+  sampled every 0.5 s (RSS counts shared libraries once per process, PSS shares them).
+
+Writes DIR/summary.json ``{"clients": {N: {...}}}`` and DIR/table.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedpers.config import RunConfig
+from fedpers.data.client import client_data
+from fedpers.models import build_model, load_part_arrays, part_arrays
+from fedpers.results import read_rounds, read_summary
+from fedpers.seeding import int_seed
+from fedpers.training import SGDSettings, train
+from simulations.common import (
+    markdown_table,
+    output_parser,
+    prepare_output,
+    validate_runs,
+    write_summary,
+)
+from simulations.launch import LocalSimulation, processes_with_home, resolved_config
+from strategies.fedrep import FedRep
+
+SIZES = (100, 1000, 5000)
+
+
+def settings(clients: int, rounds: int) -> dict[str, Any]:
+    """The run configuration of one size."""
+    return {
+        "algorithm": "fedrep",
+        "dataset": "mnist1d",
+        "partitioner": "generated",
+        "samples-per-client": 100,
+        "classes-per-client": 2,
+        "num-clients": clients,
+        "fraction-train": 0.1,
+        "num-rounds": rounds,
+        "evaluate-every": 0,
+        "head-epochs": 5,
+        "epochs": 1,
+        "node-wait-timeout": 600.0,
+        "round-timeout": 900.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure every size; returns the summary."""
+    parser = output_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.quick:
+        sizes, args.rounds = [200], 4
+    out_dir = args.out.expanduser().resolve()
+    runs = [
+        {
+            **settings(n, args.rounds),
+            "results-dir": str(out_dir / "runs"),
+            "run-name": f"clients-{n}",
+        }
+        for n in sizes
+    ]
+    validate_runs(runs)
+    out = prepare_output(args.out, overwrite=args.overwrite)
+    measured: dict[str, dict[str, float]] = {}
+    for overrides in runs:
+        n = int(overrides["num-clients"])
+        with LocalSimulation() as simulation:
+            memory = MemoryWatch(simulation)
+            launched = time.time()
+            directory = simulation.run(overrides)
+            memory.stop()
+        rounds = read_rounds(directory)
+        steady = [r.train_seconds for r in rounds[1:-1]] or [rounds[-1].train_seconds]
+        config = resolved_config(overrides)
+        plain = plain_loop_seconds(config, [r.round for r in rounds[1:-1]] or [rounds[-1].round])
+        round_seconds = statistics.median(steady)
+        measured[str(n)] = {
+            "round_seconds": round_seconds,
+            "plain_loop_seconds": plain,
+            "ratio": round_seconds / plain,
+            "startup_seconds": read_summary(directory)["rounds_started_unix"] - launched,
+            "peak_rss_mb": memory.peak_rss / 2**20,
+            "peak_pss_mb": memory.peak_pss / 2**20,
+            "clients_per_round": max(1, round(0.1 * n)),
+        }
+        print(f"{n} clients: {measured[str(n)]}", flush=True)
+    result = {"clients": measured, "rounds": args.rounds, "quick": args.quick}
+    write_summary(out, result)
+    table = markdown_table(
+        [
+            "clients",
+            "trained/round",
+            "Flower round (s)",
+            "plain loop (s)",
+            "ratio",
+            "start-up (s)",
+            "peak PSS (MB)",
+            "peak RSS (MB)",
+        ],
+        [
+            (
+                n,
+                m["clients_per_round"],
+                m["round_seconds"],
+                m["plain_loop_seconds"],
+                m["ratio"],
+                m["startup_seconds"],
+                m["peak_pss_mb"],
+                m["peak_rss_mb"],
+            )
+            for n, m in measured.items()
+        ],
+    )
+    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, 2 cores)\n\n{table}")
+    print(f"\n{table}\nresults: {out}")
+    return result
+
+
+def plain_loop_seconds(config: RunConfig, rounds: list[int]) -> float:
+    """Median seconds of the same rounds' local training, one process, no Flower.
+
+    The same clients (the strategy's seeded sample), data (generated by each client,
+    cached in this process as in an actor), model, head and body epochs, and the same
+    weighted average of the bodies. Heads persist per client as in ``context.state``.
+    """
+    torch.set_num_threads(config.client_threads)
+    model = build_model(
+        config.model_name, config.num_classes, int_seed(config.seed, "model"), config.input_shape
+    )
+    initial_heads = part_arrays(model, ("head",))
+    body = part_arrays(model, ("body",))
+    heads: dict[int, dict[str, np.ndarray]] = {}
+    sampler = FedRep(
+        num_nodes=config.num_clients, fraction_train=config.fraction_train, seed=config.seed
+    )
+    settings = SGDSettings(config.lr, config.momentum, config.weight_decay, config.batch_size)
+    seconds = []
+    for server_round in rounds:
+        started = time.perf_counter()
+        bodies, weights = [], []
+        for partition in sampler.sample(server_round):
+            data = client_data(config, partition)
+            load_part_arrays(model, body)
+            load_part_arrays(model, heads.get(partition, initial_heads))
+            x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+            generator = torch.Generator().manual_seed(
+                int_seed(config.seed, "train", partition, server_round)
+            )
+            for parts, epochs in ((("head",), config.head_epochs), (("body",), config.epochs)):
+                train(
+                    model, x, y, parts=parts, epochs=epochs, settings=settings, generator=generator
+                )
+            heads[partition] = part_arrays(model, ("head",))
+            bodies.append(part_arrays(model, ("body",)))
+            weights.append(float(len(y)))
+        total = sum(weights)
+        body = {
+            k: sum(w / total * b[k] for w, b in zip(weights, bodies, strict=True)) for k in body
+        }
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+class MemoryWatch:
+    """Samples the summed RSS and PSS of a simulation's processes every 0.5 s."""
+
+    def __init__(self, simulation: LocalSimulation) -> None:
+        self.simulation = simulation
+        self.peak_rss = 0.0
+        self.peak_pss = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            rss = pss = 0.0
+            for pid in self._tree():
+                try:
+                    rollup = (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines()
+                except OSError:
+                    continue
+                for line in rollup:
+                    if line.startswith("Rss:"):
+                        rss += float(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += float(line.split()[1]) * 1024
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+
+    def _tree(self) -> set[int]:
+        from simulations.launch import _descendants
+
+        pids = set(processes_with_home(self.simulation.home))
+        if self.simulation.process is not None:
+            pids |= {self.simulation.process.pid, *_descendants(self.simulation.process.pid)}
+        return pids
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
