@@ -136,7 +136,9 @@ class FedEMClient:
             {protocol.MIXTURE_WEIGHTS: Array(self.weights.copy())}
         )
         extra = self.statistics(x, responsibilities, arrays)
-        learner_weights = torch.from_numpy(responsibilities.sum(axis=1).astype(np.float32)).to(self.device)
+        learner_weights = torch.from_numpy(responsibilities.sum(axis=1).astype(np.float32)).to(
+            self.device
+        )
         server_round = config_int(config, protocol.ROUND)
         settings = settings_from(config)
         x_t, y_t = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)

@@ -133,11 +133,11 @@ class SheafClient:
         whitened by it."""
         with torch.no_grad():
             self.model.eval()
-            whitened, mean, factor = pilot_whitening(
-                self.model.body(self.tensor(self.pilots_x))
-            )
+            whitened, mean, factor = pilot_whitening(self.model.body(self.tensor(self.pilots_x)))
         inverse = torch.linalg.inv(factor)
-        self.model.whitening.set(mean.cpu().numpy(), inverse.T.cpu().numpy(), factor.T.cpu().numpy())
+        self.model.whitening.set(
+            mean.cpu().numpy(), inverse.T.cpu().numpy(), factor.T.cpu().numpy()
+        )
         self.save()
         return {protocol.PILOTS: whitened.cpu().numpy().astype(float)}
 

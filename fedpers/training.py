@@ -28,7 +28,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("run-config key 'device' = 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
+        raise ValueError(
+            "run-config key 'device' = 'cuda' but no GPU is visible; use 'auto' or 'cpu'"
+        )
     return torch.device(name)
 
 

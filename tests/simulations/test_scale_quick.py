@@ -17,7 +17,8 @@ def test_scale_quick_writes_the_measurements(tmp_path: Path) -> None:
     assert measured["clients_per_round"] == 20
     for key in ("round_seconds", "plain_loop_seconds", "startup_seconds", "peak_pss_mb"):
         assert measured[key] > 0
-    assert measured["ratio"] == pytest.approx(measured["round_seconds"] / measured["plain_loop_seconds"])
+    expected = measured["round_seconds"] / measured["plain_loop_seconds"]
+    assert measured["ratio"] == pytest.approx(expected)
     # The process tree holds at least the SuperLink, the simulation and two torch actors.
     assert 500 < measured["peak_pss_mb"] < 8192
     assert "| 200 | 20 |" in (tmp_path / "table.md").read_text()
