@@ -10,8 +10,10 @@ digits, and the linear representation model of Section 4.
 from __future__ import annotations
 
 import itertools
+import copy
 import math
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -106,8 +108,14 @@ def build_model(
     """The model ``name`` with weights drawn from ``seed``, equal in every process.
 
     ``input_shape`` is needed by models that take any input (``logistic``). The global
-    torch RNG is left as it was.
+    torch RNG is left as it was. Clients build their models for every message, so the
+    seeded model is made once per process and copied.
     """
+    return copy.deepcopy(_prototype(name, num_classes, seed, tuple(input_shape)))
+
+
+@lru_cache(maxsize=64)
+def _prototype(name: str, num_classes: int, seed: int, input_shape: tuple[int, ...]) -> SplitModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MODELS[name](input_shape, num_classes)
