@@ -9,8 +9,8 @@ digits, and the linear representation model of Section 4.
 
 from __future__ import annotations
 
-import itertools
 import copy
+import itertools
 import math
 from collections.abc import Callable
 from functools import lru_cache
