@@ -14,7 +14,12 @@ For each size it measures, through a real `flwr run`:
   model, epochs and averaging) in one process without Flower, the bare computation;
 - ``ratio``: the two divided;
 - ``startup_seconds``: from launching `flwr run` to the start of round 1 (CLI, run
-  start, Ray, node registration, the initial model);
+  start, Ray, node registration, the initial model), and split into its parts:
+  ``startup_to_serverapp_seconds`` (CLI and run start), ``startup_nodes_seconds`` (the
+  ServerApp waiting for the simulated nodes), ``startup_partition_query_seconds``
+  (asking every node which partition it holds: Flower gives simulated nodes random
+  ids; its dispatcher costs nodes x messages, see ``simulations.linkstate_cost``) and
+  ``startup_initial_model_seconds`` (the first model, built on partition 0's node);
 - ``peak_rss_mb`` and ``peak_pss_mb``: the peak memory of the whole process tree
   (SuperLink, SuperExec, simulation, Ray and its workers), summed over processes,
   sampled every 0.5 s (RSS counts shared libraries once per process, PSS shares them).
@@ -106,11 +111,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = resolved_config(overrides)
         plain = plain_loop_seconds(config, [r.round for r in rounds[1:-1]] or [rounds[-1].round])
         round_seconds = statistics.median(steady)
+        summary = read_summary(directory)
+        startup = summary["startup_unix"]
         measured[str(n)] = {
             "round_seconds": round_seconds,
             "plain_loop_seconds": plain,
             "ratio": round_seconds / plain,
-            "startup_seconds": read_summary(directory)["rounds_started_unix"] - launched,
+            "startup_seconds": summary["rounds_started_unix"] - launched,
+            # the start-up, split: CLI + run start to the ServerApp; the ServerApp
+            # waiting for the simulated nodes to register; asking every node for its
+            # partition (query.info); the initial model (query.initial, Ray actors start)
+            "startup_to_serverapp_seconds": startup["serverapp_started"] - launched,
+            "startup_nodes_seconds": startup["nodes_registered"] - startup["serverapp_started"],
+            "startup_partition_query_seconds": (
+                startup["partitions_known"] - startup["nodes_registered"]
+            ),
+            "startup_initial_model_seconds": (
+                startup["rounds_started"] - startup["partitions_known"]
+            ),
             "peak_rss_mb": memory.peak_rss / 2**20,
             "peak_pss_mb": memory.peak_pss / 2**20,
             "clients_per_round": max(1, round(0.1 * n)),
@@ -126,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "plain loop (s)",
             "ratio",
             "start-up (s)",
+            "to ServerApp / nodes / query / model (s)",
             "peak PSS (MB)",
             "peak RSS (MB)",
         ],
@@ -137,6 +156,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 m["plain_loop_seconds"],
                 m["ratio"],
                 m["startup_seconds"],
+                " / ".join(
+                    f"{m[k]:.1f}"
+                    for k in (
+                        "startup_to_serverapp_seconds",
+                        "startup_nodes_seconds",
+                        "startup_partition_query_seconds",
+                        "startup_initial_model_seconds",
+                    )
+                ),
                 m["peak_pss_mb"],
                 m["peak_rss_mb"],
             )

@@ -127,6 +127,7 @@ class FedpersStrategy(FedAvg):
         self.sent_arrays: dict[str, tuple[tuple[int, ...], str]] = {}
         self.train_sizes: dict[int, int] = {}
         self.test_sizes: dict[int, int] = {}
+        self.nodes_registered_at = float("nan")  # time.time() when all nodes were seen
 
     # ------------------------------------------------------------------ population
     def connect(self, grid: Grid, *, timeout: float, poll: float = 0.2) -> None:
@@ -145,6 +146,7 @@ class FedpersStrategy(FedAvg):
                 logger.info("waiting for nodes: %d of %d registered", count, self.num_nodes)
                 last_count = count
             time.sleep(poll)
+        self.nodes_registered_at = time.time()
         node_ids = sorted(grid.get_node_ids())
         replies = self.query(grid, protocol.QUERY_INFO, node_ids, timeout=timeout)
         for node_id, reply in zip(node_ids, replies, strict=True):

@@ -30,6 +30,7 @@ INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear ru
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run one algorithm for ``num-rounds`` rounds and write its results directory."""
+    serverapp_started = time.time()
     route_to_flower()
     config = RunConfig.from_mapping(context.run_config)
     run_name = (
@@ -56,6 +57,7 @@ def main(grid: Grid, context: Context) -> None:
     evaluate_config = _evaluate_config(config)
     try:
         strategy.connect(grid, timeout=config.node_wait_timeout)
+        partitions_known = time.time()
         if config.resume:
             initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
         else:
@@ -115,6 +117,13 @@ def main(grid: Grid, context: Context) -> None:
             summary["train_log_likelihood"] = [v for v in mixture if v is not None]
     summary["algorithm"] = config.algorithm
     summary["rounds_started_unix"] = rounds_started
+    # where the start-up went (wall clock, seconds since the epoch)
+    summary["startup_unix"] = {
+        "serverapp_started": serverapp_started,
+        "nodes_registered": strategy.nodes_registered_at,
+        "partitions_known": partitions_known,
+        "rounds_started": rounds_started,
+    }
     summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
     written = recorder.finish(summary, plots=[progress])
     logger.info("summary: %s", written)

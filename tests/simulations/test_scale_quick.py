@@ -19,6 +19,13 @@ def test_scale_quick_writes_the_measurements(tmp_path: Path) -> None:
         assert measured[key] > 0
     expected = measured["round_seconds"] / measured["plain_loop_seconds"]
     assert measured["ratio"] == pytest.approx(expected)
+    # the start-up's parts are measured from the same clock and add up to it
+    parts = [
+        measured[f"startup_{k}_seconds"]
+        for k in ("to_serverapp", "nodes", "partition_query", "initial_model")
+    ]
+    assert all(p >= 0 for p in parts)
+    assert sum(parts) == pytest.approx(measured["startup_seconds"])
     # The process tree holds at least the SuperLink, the simulation and two torch actors.
     assert 500 < measured["peak_pss_mb"] < 8192
     assert "| 200 | 20 |" in (tmp_path / "table.md").read_text()
