@@ -43,6 +43,7 @@ def build_strategy(config: RunConfig) -> FedpersStrategy:
         "num_rounds": config.num_rounds,
         "min_replies": config.min_replies,
         "evaluate_every": config.evaluate_every,
+        "final_rounds": config.final_rounds,
     }
     algorithm = Algorithm(config.algorithm)
     if config.is_linear:

@@ -79,8 +79,11 @@ class FedpersStrategy(FedAvg):
         Usable training replies a round needs; with fewer it raises ``RoundFailedError``
         (after the round is recorded).
     evaluate_every : int (default: 1)
-        Evaluate the nodes every this many rounds (and always in the last round); 0
-        evaluates only in the last round.
+        Evaluate the nodes every this many rounds, and always in the last
+        ``final_rounds`` rounds (the final accuracy is their mean); 0 evaluates only in
+        the last round.
+    final_rounds : int (default: 1)
+        Rounds averaged for the final accuracy.
     """
 
     algorithm: ClassVar[Algorithm]
@@ -98,6 +101,7 @@ class FedpersStrategy(FedAvg):
         num_rounds: int = 1,
         min_replies: int = 1,
         evaluate_every: int = 1,
+        final_rounds: int = 1,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -117,6 +121,7 @@ class FedpersStrategy(FedAvg):
         self.num_rounds = num_rounds
         self.min_replies = min_replies
         self.evaluate_every = evaluate_every
+        self.final_rounds = final_rounds
         self.accepted: dict[int, int] = {}
         first_unseen = num_nodes - round(unseen_fraction * num_nodes)
         self.seen = list(range(first_unseen))
@@ -474,7 +479,11 @@ class FedpersStrategy(FedAvg):
     def _evaluates(self, server_round: int, num_rounds: int) -> bool:
         if server_round == num_rounds:
             return True
-        return self.evaluate_every > 0 and server_round % self.evaluate_every == 0
+        if self.evaluate_every == 0:
+            return False
+        return (
+            server_round % self.evaluate_every == 0 or server_round > num_rounds - self.final_rounds
+        )
 
     def _note_missing(
         self, server_round: int, messages: list[Message], replies: list[Message], timeout: float

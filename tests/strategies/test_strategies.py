@@ -245,3 +245,22 @@ def test_linear_fedrep_through_the_client_app_learns_the_subspace() -> None:
     result = strategy.start(grid, initial, num_rounds=40, train_config=train)
     end = linear.principal_angle_distance(result.arrays["body.weight"].numpy().T, truth)
     assert end < 1e-2 < start
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedgmm"])
+def test_evaluate_every_keeps_the_final_rounds_and_does_not_touch_training(
+    algorithm: str,
+) -> None:
+    """Evaluating less often changes which rounds are evaluated, never what is learned:
+    the same run evaluated every round and every 3rd round ends with identical metrics
+    (the final rounds are always evaluated, since the final accuracy is their mean)."""
+    final: dict[int, dict[str, float]] = {}
+    for every in (1, 3):
+        grid, config = _grid(
+            6, algorithm=algorithm, fraction_train=0.5, evaluate_every=every, final_rounds=2
+        )
+        recorder = _run(build_strategy(config), grid, config, rounds=5)
+        evaluated = [r.round for r in recorder.records if r.evaluate]
+        assert evaluated == ([1, 2, 3, 4, 5] if every == 1 else [3, 4, 5])
+        final[every] = recorder.records[-1].evaluate
+    assert final[1] == final[3]
