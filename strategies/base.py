@@ -87,9 +87,6 @@ class FedpersStrategy(FedAvg):
     """
 
     algorithm: ClassVar[Algorithm]
-    # whether ``initial_arrays`` uses the seeded model of any one node (``connect``
-    # then fetches it along with the partitions); False where it is computed otherwise
-    prefetch_initial: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -136,7 +133,6 @@ class FedpersStrategy(FedAvg):
         self.train_sizes: dict[int, int] = {}
         self.test_sizes: dict[int, int] = {}
         self.nodes_registered_at = float("nan")  # time.time() when all nodes were seen
-        self._initial: ArrayRecord | None = None
 
     # ------------------------------------------------------------------ population
     def connect(self, grid: Grid, *, timeout: float, poll: float = 0.2) -> None:
@@ -157,16 +153,7 @@ class FedpersStrategy(FedAvg):
             time.sleep(poll)
         self.nodes_registered_at = time.time()
         node_ids = sorted(grid.get_node_ids())
-        # Any node can build the seeded initial model: ask the first one for it in the
-        # same exchange, so its first torch import overlaps the other nodes' answers.
-        prefetch = bool(self.shared) and self.prefetch_initial
-        extra = [(protocol.QUERY_INITIAL, node_ids[0])] if prefetch and node_ids else []
-        answered = self.exchange(
-            grid, [(protocol.QUERY_INFO, n) for n in node_ids] + extra, timeout=timeout
-        )
-        if extra:
-            self._initial = answered[extra[0]].content.array_records[protocol.ARRAYS]
-        replies = [answered[(protocol.QUERY_INFO, n)] for n in node_ids]
+        replies = self.query(grid, protocol.QUERY_INFO, node_ids, timeout=timeout)
         for node_id, reply in zip(node_ids, replies, strict=True):
             metrics = reply.content.metric_records[protocol.METRICS]
             partition = int(metrics[protocol.PARTITION_ID])  # type: ignore[arg-type]
@@ -224,52 +211,32 @@ class FedpersStrategy(FedAvg):
         content: RecordDict | None = None,
     ) -> list[Message]:
         """Send one query to each node; every node must answer without error."""
-        answered = self.exchange(
-            grid, [(message_type, n) for n in node_ids], timeout=timeout, content=content
-        )
-        return [answered[(message_type, n)] for n in node_ids]
-
-    def exchange(
-        self,
-        grid: Grid,
-        requests: list[tuple[str, int]],
-        *,
-        timeout: float,
-        content: RecordDict | None = None,
-    ) -> dict[tuple[str, int], Message]:
-        """Send every ``(message_type, node)`` request in one exchange; every one must be
-        answered without error. Replies keyed by their request."""
         messages = [
-            Message(content=content or RecordDict(), message_type=kind, dst_node_id=n)
-            for kind, n in requests
+            Message(content=content or RecordDict(), message_type=message_type, dst_node_id=n)
+            for n in node_ids
         ]
         replies = {
-            (r.metadata.message_type, r.metadata.src_node_id): r
-            for r in grid.send_and_receive(messages, timeout=timeout)
+            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
         }
         failed = [
-            f"{kind} on node {n}: "
-            + str(replies[kind, n].error.reason if (kind, n) in replies else "no reply")
-            for kind, n in requests
-            if (kind, n) not in replies or replies[kind, n].has_error()
+            f"node {n}: {replies[n].error.reason if n in replies else 'no reply'}"
+            for n in node_ids
+            if n not in replies or replies[n].has_error()
         ]
         if failed:
             raise PopulationError(
-                f"{len(failed)} of {len(requests)} queries failed: " + "; ".join(failed[:5])
+                f"{message_type} failed on {len(failed)} node(s): " + "; ".join(failed[:5])
             )
-        return replies
+        return [replies[n] for n in node_ids]
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
-        """The shared parts of the seeded initial model, as built by one node.
+        """The shared parts of the seeded initial model, as built by partition 0's node.
 
         Every process builds the same model from the seed, so the server needs no model
         code (and no torch) to start.
         """
         if not self.shared:
             return ArrayRecord()
-        if self._initial is not None:  # fetched with the partitions (``connect``)
-            initial, self._initial = self._initial, None
-            return initial
         (reply,) = self.query(
             grid, protocol.QUERY_INITIAL, [self.node_of_partition[0]], timeout=timeout
         )

@@ -38,8 +38,6 @@ class FedRepLinear(FedRep):
         As for ``FedpersStrategy``.
     """
 
-    prefetch_initial = False  # Method of Moments, not a seeded model
-
     def __init__(self, *, rank: int, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.rank = rank

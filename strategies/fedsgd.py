@@ -31,7 +31,6 @@ class FedSGD(FedpersStrategy):
     """
 
     algorithm = Algorithm.FEDSGD
-    prefetch_initial = False  # Method of Moments, not a seeded model
 
     def __init__(self, *, rank: int, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]

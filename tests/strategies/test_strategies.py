@@ -101,25 +101,6 @@ def test_connect_maps_partitions_to_scrambled_node_ids() -> None:
     assert sum(strategy.train_sizes.values()) > 0
 
 
-def test_connect_fetches_the_seeded_initial_model_in_the_same_exchange() -> None:
-    grid, config = _grid(6)
-    strategy = build_strategy(config)
-    strategy.connect(grid, timeout=5)
-    assert [m.metadata.message_type for m in grid.sent].count(protocol.QUERY_INITIAL) == 1
-    sent = len(grid.sent)
-    prefetched = strategy.initial_arrays(grid, timeout=5)
-    assert len(grid.sent) == sent  # nothing more to ask
-    # the same arrays that partition 0's node builds when asked on its own
-    (reply,) = strategy.query(
-        grid, protocol.QUERY_INITIAL, [strategy.node_of_partition[0]], timeout=5
-    )
-    asked = reply.content.array_records[protocol.ARRAYS]
-    assert set(prefetched) == set(asked)
-    assert len(asked) > 0
-    for name in asked:
-        np.testing.assert_array_equal(prefetched[name].numpy(), asked[name].numpy())
-
-
 def test_connect_fails_clearly_when_nodes_are_missing_or_duplicated() -> None:
     grid, _ = _grid(3)
     with pytest.raises(PopulationError, match="num-supernodes=5"):
