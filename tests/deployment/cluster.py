@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from types import ModuleType
 
+from simulations.launch import flower_environment
+
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -138,18 +140,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ processes
     def environment(self, home: Path) -> dict[str, str]:
-        """The environment of every Flower process of the test."""
-        env = dict(os.environ)
-        env.update(
-            FLWR_HOME=str(home),
-            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-            FLWR_TELEMETRY_ENABLED="0",
-            FLWR_DISABLE_UPDATE_CHECK="1",
-            PYTHONUNBUFFERED="1",
-            MPLBACKEND="Agg",
-            PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        )
-        return env
+        """The environment of every Flower process of the test: the project's own."""
+        return flower_environment(home)
 
     def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         """Start ``command`` on host ``name`` (its own session, output to a log)."""
