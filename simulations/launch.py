@@ -160,7 +160,7 @@ class LocalSimulation:
         victims = [p for p in processes_with_home(self.home) if "flwr-simulation" in _cmdline(p)]
         # Its Ray processes (some drop FLWR_HOME from their environment) are its
         # descendants: collect them before the parents die and they are re-parented.
-        doomed = [d for victim in victims for d in _descendants(victim)]
+        doomed = [d for victim in victims for d in descendants(victim)]
         for pid in victims + doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -329,35 +329,43 @@ def processes_with_home(home: Path) -> list[int]:
     SuperExec, simulation and Ray processes started for this simulation inherit it."""
     marker = f"FLWR_HOME={home}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid, state, _ in _processes():
+        if pid == os.getpid() or state == "Z":
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes()
         except OSError:
             continue
-        if state != "Z" and marker in environ.split(b"\0"):
-            found.append(int(entry.name))
+        if marker in environ.split(b"\0"):
+            found.append(pid)
     return found
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` in the process tree."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
+    for child, _, parent in _processes():
+        children.setdefault(parent, []).append(child)
     found, frontier = [], [pid]
     while frontier:
         below = children.get(frontier.pop(), [])
         found += below
         frontier += below
+    return found
+
+
+def _processes() -> list[tuple[int, str, int]]:
+    """(pid, state, parent pid) of every process in /proc (fields after the name in
+    ``/proc/PID/stat``, whose name may hold spaces and parentheses)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            found.append((int(entry.name), fields[0], int(fields[1])))
+        except (OSError, IndexError, ValueError):
+            continue
     return found
 
 

@@ -53,7 +53,12 @@ from simulations.common import (
     validate_runs,
     write_summary,
 )
-from simulations.launch import LocalSimulation, processes_with_home, resolved_config
+from simulations.launch import (
+    LocalSimulation,
+    descendants,
+    processes_with_home,
+    resolved_config,
+)
 from strategies.fedrep import FedRep
 
 SIZES = (100, 1000, 5000)
@@ -256,11 +261,9 @@ class MemoryWatch:
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
 
     def _tree(self) -> set[int]:
-        from simulations.launch import _descendants
-
         pids = set(processes_with_home(self.simulation.home))
         if self.simulation.process is not None:
-            pids |= {self.simulation.process.pid, *_descendants(self.simulation.process.pid)}
+            pids |= {self.simulation.process.pid, *descendants(self.simulation.process.pid)}
         return pids
 
     def stop(self) -> None:

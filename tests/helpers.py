@@ -36,8 +36,6 @@ def run_config(**overrides: Any) -> dict[str, Any]:
 
 
 class InProcessGrid:
-    DROP = "__drop__"  # what `fail` returns for a message that never gets a reply
-
     """A ``Grid`` whose nodes run the ClientApp in this process.
 
     Parameters
@@ -49,7 +47,12 @@ class InProcessGrid:
     num_nodes : int
         Nodes with partition ids ``0..num_nodes-1``; node ids are scrambled so that
         nothing can assume node id == partition id.
+    fail : callable, optional
+        ``(node, message) -> reason``: a reason makes the node answer with that error,
+        ``DROP`` makes it never answer, ``None`` lets it run the app.
     """
+
+    DROP = "__drop__"  # what `fail` returns for a message that never gets a reply
 
     def __init__(
         self,

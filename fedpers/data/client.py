@@ -170,7 +170,7 @@ def pilot_data(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     return _dataset(key).features(x_all[pilots]), y_all[pilots]
 
 
-def generated_sizes(config: RunConfig) -> tuple[int, int]:
+def generated_sizes(config: RunConfig | DataKey) -> tuple[int, int]:
     """Train and test sizes of a client of ``partitioner = "generated"``."""
     return config.samples_per_client, max(1, config.samples_per_client // 4)
 
@@ -185,7 +185,7 @@ def _generated_client(key: DataKey, partition_id: int) -> ClientData:
     others = [c for c in range(10) if c != partition_id % 10]
     chosen = rng(key.seed, "generated-classes", partition_id).permutation(others)
     classes = sorted([partition_id % 10, *chosen[: key.classes_per_client - 1].tolist()])
-    train, test = key.samples_per_client, max(1, key.samples_per_client // 4)
+    train, test = generated_sizes(key)
     x, y, x_test, y_test = mnist1d_client(key.seed, partition_id, classes, train, test)
     return ClientData(x, y, x_test, y_test)
 

@@ -134,17 +134,11 @@ def mnist1d_client(
     (``_mnist1d_scale``) so that every client sees the same scale. Nobody generates the
     other clients' data: the cost is the client's own 0.2 ms per sample.
     """
-    from mnist1d.data import get_dataset_args, get_templates
-    from mnist1d.transform import transform
-
-    args, templates = get_dataset_args(), get_templates()
     count = train + test
     labels = np.asarray(classes)[np.arange(count) % len(classes)]
     order = np.random.default_rng(int_seed(seed, "mnist1d-client-order", partition_id)).permutation(count)
     labels = labels[order]
-    with isolated_global_numpy_and_random():
-        np.random.seed(int_seed(seed, "mnist1d-client", partition_id) % (2**32 - 1))
-        x = np.stack([transform(templates["x"][y], templates["t"], args)[0] for y in labels])
+    x = _mnist1d_samples(labels, int_seed(seed, "mnist1d-client", partition_id) % (2**32 - 1))
     mean, std = _mnist1d_scale()
     x = ((x - mean) / std).astype(np.float32)
     return x[:train], labels[:train].astype(np.int64), x[train:], labels[train:].astype(np.int64)
@@ -154,14 +148,20 @@ def mnist1d_client(
 def _mnist1d_scale() -> tuple[float, float]:
     """Mean and standard deviation of the generator's raw output (2,000 samples, fixed
     seed): the scalar normalization ``make_dataset`` applies to a whole data set."""
+    x = _mnist1d_samples(np.arange(2000) % 10, 0)
+    return float(x.mean()), float(x.std())
+
+
+def _mnist1d_samples(labels: np.ndarray, numpy_seed: int) -> np.ndarray:
+    """Raw MNIST-1D signals of ``labels``, from the package's templates and transforms
+    (which draw from numpy's global RNG: seeded here, and restored afterwards)."""
     from mnist1d.data import get_dataset_args, get_templates
     from mnist1d.transform import transform
 
     args, templates = get_dataset_args(), get_templates()
     with isolated_global_numpy_and_random():
-        np.random.seed(0)
-        x = np.stack([transform(templates["x"][i % 10], templates["t"], args)[0] for i in range(2000)])
-    return float(x.mean()), float(x.std())
+        np.random.seed(numpy_seed)
+        return np.stack([transform(templates["x"][y], templates["t"], args)[0] for y in labels])
 
 
 # ----------------------------------------------------------------------- digits
