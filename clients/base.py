@@ -1,27 +1,26 @@
-"""The personalized client all deep-model algorithms share.
+"""The torch client base, and the personalized client all body/head algorithms share.
 
-A client is numpy arrays in, numpy arrays out: it receives the parts of the model its
-algorithm shares (``fedpers.protocol.SHARED_PARTS``), restores the parts it keeps from
-``context.state``, runs its algorithm's local update through ``fedpers.training``, stores
-the personal parts again and returns the shared ones. An algorithm only says what its
-local update is (``local_update``): which parts train, for how many epochs, in what
-order.
+``TorchClient`` holds what every torch client needs: its threads, its device, its data
+and tensor placement. ``PersonalizedClient`` is numpy arrays in, numpy arrays out: it
+receives the parts of the model its algorithm shares (the algorithm table's
+``shared``), restores the parts it keeps from ``context.state``, runs the row's local
+update (``phases``: which parts train, for how many epochs, in what order) through
+``fedpers.training``, stores the personal parts again and returns the shared ones.
+FedRep, FedPer, FedAvg(+FT), LG-FedAvg, Local and FedBABU are this class with
+different rows.
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.common import Arrays, Metrics, config_float, config_int
+from clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers import protocol
 from fedpers.config import RunConfig
-from fedpers.data.client import adaptation_split, client_data
+from fedpers.data.client import ClientData, adaptation_split, client_data
 from fedpers.models import build_model, load_part_arrays, part_arrays
-from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
 from fedpers.training import (
     EvalStats,
@@ -35,39 +34,63 @@ from fedpers.training import (
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
 
 
-def settings_from(config: ConfigRecord) -> SGDSettings:
-    """The optimizer settings the server sent with a message."""
-    return SGDSettings(
-        lr=config_float(config, protocol.LR),
-        momentum=config_float(config, protocol.MOMENTUM),
-        weight_decay=config_float(config, protocol.WEIGHT_DECAY),
-        batch_size=config_int(config, protocol.BATCH_SIZE),
-    )
+class TorchClient(ClientBase):
+    """A client that trains torch models on its partition's data.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The run configuration (data set, model, partition, seed, device, threads).
+    partition_id : int
+        This client's partition.
+    state : RecordDict
+        ``context.state`` of the node.
+    """
+
+    def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
+        super().__init__(run, partition_id, state)
+        torch.set_num_threads(run.client_threads)
+        self.device = resolve_device(run.device)
+        self.data: ClientData = client_data(run, partition_id)
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A numpy array on the client's device."""
+        return torch.from_numpy(array).to(self.device)
+
+    def sgd_settings(self, config: ConfigRecord) -> SGDSettings:
+        """The optimizer settings: the learning rate the server sent for this round
+        (its schedule may change it), the rest from the run configuration."""
+        return SGDSettings(
+            lr=config_float(config, protocol.LR),
+            momentum=self.run.momentum,
+            weight_decay=self.run.weight_decay,
+            batch_size=self.run.batch_size,
+        )
+
+    def generator(self, purpose: str, *keys: int) -> torch.Generator:
+        """A torch generator seeded by the run, ``purpose``, the partition and ``keys``."""
+        seed = int_seed(self.run.seed, purpose, self.partition_id, *keys)
+        return torch.Generator().manual_seed(seed)
 
 
-class PersonalizedClient:
+class PersonalizedClient(TorchClient):
     """A client with a ``body``/``head`` model, part shared and part personal.
 
     Parameters
     ----------
     run : RunConfig
-        The run configuration (data set, model, partition, seed).
+        The run configuration; ``run.spec`` is the algorithm's row.
     partition_id : int
         This client's partition.
     state : RecordDict
         ``context.state`` of the node: where the personal parts persist across rounds.
     """
 
-    algorithm: ClassVar[Algorithm]
-
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
-        torch.set_num_threads(run.client_threads)
-        self.run = run
-        self.partition_id = partition_id
-        self.state = state
-        self.shared = protocol.shared_parts(self.algorithm)
-        self.personal = protocol.personal_parts(self.algorithm)
-        self.data = client_data(run, partition_id)
+        super().__init__(run, partition_id, state)
+        self.spec = run.spec
+        self.shared = self.spec.shared
+        self.personal = self.spec.personal
         # Every process builds the same initial model from the seed, so a client that
         # has never trained holds the same initial personal parts as the server's model.
         self.model = build_model(
@@ -78,19 +101,15 @@ class PersonalizedClient:
             assert isinstance(stored, ArrayRecord)
             load_part_arrays(self.model, {k: v.numpy() for k, v in stored.items()})
         self.augment = random_crop_flip() if run.dataset in AUGMENTED_DATASETS else None
-        self.device = resolve_device(run.device)
         self.model.to(self.device)
 
     # ------------------------------------------------------------ algorithm hook
     def local_update(self, config: ConfigRecord) -> list[tuple[tuple[str, ...], int]]:
-        """The phases of the local update: (trainable parts, epochs), in order."""
-        return [(protocol.MODEL_PARTS, config_int(config, protocol.EPOCHS))]
+        """The phases of the local update: (trainable parts, epochs), in order (the
+        row's ``phases``, with the epochs the server sent)."""
+        return [(phase.parts, config_int(config, phase.epochs)) for phase in self.spec.phases]
 
     # ------------------------------------------------------------------ messages
-    def sizes(self) -> tuple[int, int]:
-        """Numbers of training and test samples of this client."""
-        return len(self.data.y_train), len(self.data.y_test)
-
     def initial_arrays(self) -> Arrays:
         """The seeded initial values of the shared parts (the server's round-0 model)."""
         return part_arrays(self.model, self.shared)
@@ -99,9 +118,9 @@ class PersonalizedClient:
         """One round of local training from the server's shared arrays."""
         self.load_shared(arrays)
         server_round = config_int(config, protocol.ROUND)
-        generator = self._generator("train", server_round)
+        generator = self.generator("train", server_round)
         x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
-        settings = settings_from(config)
+        settings = self.sgd_settings(config)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
             stats = train(
@@ -146,8 +165,8 @@ class PersonalizedClient:
                 self.tensor(self.data.y_train),
                 parts=(protocol.HEAD,),
                 epochs=finetune_epochs,
-                settings=settings_from(config),
-                generator=self._generator("finetune", config_int(config, protocol.ROUND)),
+                settings=self.sgd_settings(config),
+                generator=self.generator("finetune", config_int(config, protocol.ROUND)),
                 augment=self.augment,
             )
         stats = evaluate(
@@ -166,23 +185,15 @@ class PersonalizedClient:
         }
 
     # ------------------------------------------------------------------- helpers
-    def tensor(self, array: np.ndarray) -> torch.Tensor:
-        """A numpy array on the client's device."""
-        return torch.from_numpy(array).to(self.device)
-
     def load_shared(self, arrays: Arrays) -> None:
         """Load the server's shared parts; exactly the expected arrays must be there."""
         expected = set(part_arrays(self.model, self.shared))
         if set(arrays) != expected:
             raise ValueError(
-                f"{self.algorithm} client expected shared arrays {sorted(expected)}, "
+                f"{self.spec.name} client expected shared arrays {sorted(expected)}, "
                 f"received {sorted(arrays)}"
             )
         load_part_arrays(self.model, arrays)
-
-    def _generator(self, purpose: str, server_round: int) -> torch.Generator:
-        seed = int_seed(self.run.seed, purpose, self.partition_id, server_round)
-        return torch.Generator().manual_seed(seed)
 
 
 def _to_record(arrays: Arrays) -> ArrayRecord:

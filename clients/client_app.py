@@ -1,15 +1,16 @@
 """The ClientApp: unpack a message, call the algorithm's client, pack the reply.
 
-Message types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, plus
-``query.info`` (partition id and data sizes, used by the server to map nodes to
-partitions), ``query.initial`` (the seeded initial shared arrays),
-``query.moments`` (linear FedRep's Method-of-Moments statistic) and FedGMM's
-initialization: ``query.pca``, ``query.summary``, ``query.assign``.
+Each handler reads the run configuration once (typed, validated), builds this node's
+client from the algorithm table's row (``fedpers.algorithms``), and calls it. Message
+types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, plus the
+queries of ``protocol.Query``: ``info`` (partition id and data sizes, which the server
+uses to map nodes to partitions), ``initial`` (the seeded initial shared arrays),
+``moments`` (linear FedRep's Method-of-Moments statistic), FedGMM's initialization
+(``pca``, ``summary``, ``assign``) and Sheaf-FRL's relay (``pilots``, ``maps``,
+``transport``, ``latents``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -18,40 +19,82 @@ from flwr.app import (
     ConfigRecord,
     Context,
     Message,
+    MessageType,
     MetricRecord,
     MetricRecordValues,
     RecordDict,
 )
 from flwr.clientapp import ClientApp
 
-from clients import client_class, device_state, faults
+from clients import device_state, faults
+from clients.common import (
+    Client,
+    MixtureInitializer,
+    MomentsSource,
+    PilotAgent,
+    SeedsModel,
+)
 from fedpers import protocol
-from fedpers.config import RunConfig
+from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes
+from fedpers.protocol import Query
 
 app = ClientApp()
 
 
 def _partition(context: Context) -> int:
-    if "partition-id" not in context.node_config:
+    if protocol.NODE_PARTITION_ID not in context.node_config:
         raise KeyError(
             "node config lacks 'partition-id': start the SuperNode with "
             '--node-config "partition-id=<i> num-partitions=<n>"'
         )
-    return int(context.node_config["partition-id"])
+    return int(context.node_config[protocol.NODE_PARTITION_ID])
 
 
-def _client(context: Context, msg: Message | None = None) -> Any:
-    """This node's client of the run's algorithm (``clients.client_class``), with its
+def _run(context: Context) -> RunConfig:
+    return RunConfig.from_mapping(context.run_config)
+
+
+def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Client:
+    """This node's client of the run's algorithm (its row's client class), with its
     state restored from the device if the node is fresh (``clients.device_state``)."""
-    run = RunConfig.from_mapping(context.run_config)
     if msg is not None and protocol.ROUND in _config(msg):
         server_round = int(_config(msg)[protocol.ROUND])  # type: ignore[arg-type]
         # Training in round r starts from the state after round r - 1; evaluating in
         # round r sees the state trained in round r.
-        evaluating = msg.metadata.message_type.startswith("evaluate")
-        device_state.restore(context, before_round=server_round + (1 if evaluating else 0))
-    return client_class(run)(run, _partition(context), context.state)
+        evaluating = msg.metadata.message_type == MessageType.EVALUATE
+        device_state.restore(run, context, before_round=server_round + (1 if evaluating else 0))
+    cls = run.spec.client_class(linear=run.is_linear)
+    client: Client = cls(run, _partition(context), context.state)
+    return client
+
+
+def _incapable(client: Client, capability: str, query: Query) -> TypeError:
+    return TypeError(
+        f"{type(client).__name__} cannot answer query.{query.value}: it does not "
+        f"implement {capability} (clients.common)"
+    )
+
+
+def _seeds_model(context: Context, query: Query) -> SeedsModel:
+    client = _client(_run(context), context)
+    if not isinstance(client, SeedsModel):
+        raise _incapable(client, "SeedsModel", query)
+    return client
+
+
+def _mixture(context: Context, query: Query) -> MixtureInitializer:
+    client = _client(_run(context), context)
+    if not isinstance(client, MixtureInitializer):
+        raise _incapable(client, "MixtureInitializer", query)
+    return client
+
+
+def _agent(context: Context, query: Query) -> PilotAgent:
+    client = _client(_run(context), context)
+    if not isinstance(client, PilotAgent):
+        raise _incapable(client, "PilotAgent", query)
+    return client
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:
@@ -83,29 +126,33 @@ def _reply(
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training."""
-    client = _client(context, msg)
-    faults.before_fit(context, _config(msg))
-    arrays, metrics = client.fit(_arrays(msg), _config(msg))
-    arrays, metrics = faults.after_fit(context, _config(msg), arrays, metrics)
+    run = _run(context)
+    config = _config(msg)
+    client = _client(run, context, msg)
+    partition = _partition(context)
+    faults.before_fit(run, partition, config)
+    arrays, metrics = client.fit(_arrays(msg), config)
+    arrays, metrics = faults.after_fit(run, partition, config, arrays, metrics)
     device_state.count_round(context)
-    device_state.persist(context, server_round=int(_config(msg)[protocol.ROUND]))  # type: ignore[arg-type]
+    device_state.persist(run, context, server_round=int(config[protocol.ROUND]))  # type: ignore[arg-type]
     return _reply(msg, arrays, metrics)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test metrics with the server's shared arrays and this node's personal parts."""
-    return _reply(msg, None, _client(context, msg).evaluate(_arrays(msg), _config(msg)))
+    client = _client(_run(context), context, msg)
+    return _reply(msg, None, client.evaluate(_arrays(msg), _config(msg)))
 
 
-@app.query("info")
+@app.query(Query.INFO)
 def info(msg: Message, context: Context) -> Message:
     """Which partition this node holds, and how many samples."""
-    run = RunConfig.from_mapping(context.run_config)
+    run = _run(context)
     partition = _partition(context)
-    if run.is_linear:
+    if run.is_linear:  # fresh samples every round: nothing stored
         num_train, num_test = run.linear_samples, 0
-    elif run.partitioner == "generated":  # known without generating anything
+    elif run.partitioner == Partitioner.GENERATED:  # known without generating anything
         num_train, num_test = generated_sizes(run)
     else:  # the data alone: no model, no torch, for a message every node answers
         data = client_data(run, partition)
@@ -121,57 +168,68 @@ def info(msg: Message, context: Context) -> Message:
     )
 
 
-@app.query("initial")
+@app.query(Query.INITIAL)
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts."""
-    return _reply(msg, _client(context).initial_arrays(), {})
+    client = _seeds_model(context, Query.INITIAL)
+    return _reply(msg, client.initial_arrays(), {})
 
 
-@app.query("pca")
+@app.query(Query.PCA)
 def pca(msg: Message, context: Context) -> Message:
     """FedGMM: moment statistics of this node's embedding inputs (pooled PCA)."""
-    return _reply(msg, _client(context).pca_moments(), {})
+    client = _mixture(context, Query.PCA)
+    return _reply(msg, client.pca_moments(), {})
 
 
-@app.query("summary")
+@app.query(Query.SUMMARY)
 def summary(msg: Message, context: Context) -> Message:
     """FedGMM: local k-means centroids of the embeddings (federated k-means++)."""
-    return _reply(msg, _client(context).summary(_arrays(msg)), {})
+    client = _mixture(context, Query.SUMMARY)
+    return _reply(msg, client.summary(_arrays(msg)), {})
 
 
-@app.query("assign")
+@app.query(Query.ASSIGN)
 def assign(msg: Message, context: Context) -> Message:
     """FedGMM: statistics of the embeddings assigned to the nearest initial mean."""
-    return _reply(msg, _client(context).assignment_statistics(_arrays(msg)), {})
+    client = _mixture(context, Query.ASSIGN)
+    return _reply(msg, client.assignment_statistics(_arrays(msg)), {})
 
 
-@app.query("pilots")
+@app.query(Query.PILOTS)
 def pilots(msg: Message, context: Context) -> Message:
     """Sheaf-FRL: refit the whitening on the pilots, send the whitened pilot latents."""
-    return _reply(msg, _client(context).pilots_message(_config(msg)), {})
+    client = _agent(context, Query.PILOTS)
+    return _reply(msg, client.pilots_message(_config(msg)), {})
 
 
-@app.query("maps")
+@app.query(Query.MAPS)
 def maps(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (homogeneous): compute owned edges' maps, send transported pilots."""
-    return _reply(msg, _client(context).maps_message(_arrays(msg)), {})
+    client = _agent(context, Query.MAPS)
+    return _reply(msg, client.maps_message(_arrays(msg)), {})
 
 
-@app.query("transport")
+@app.query(Query.TRANSPORT)
 def transport(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (private): own pilots transported into each neighbour's frame."""
-    neighbours = [int(n) for n in _config(msg).get("neighbours", []) if int(n) >= 0]  # type: ignore[union-attr]
-    return _reply(msg, _client(context).transport_message(neighbours), {})
+    client = _agent(context, Query.TRANSPORT)
+    neighbours = [int(n) for n in _arrays(msg).get(protocol.NEIGHBOURS, np.zeros(0))]
+    return _reply(msg, client.transport_message(neighbours), {})
 
 
-@app.query("latents")
+@app.query(Query.LATENTS)
 def latents(msg: Message, context: Context) -> Message:
     """Sheaf-FRL: whitened pilots and test latents for communication accuracy."""
-    return _reply(msg, _client(context).latents_message(_config(msg)), {})
+    client = _agent(context, Query.LATENTS)
+    return _reply(msg, client.latents_message(_config(msg)), {})
 
 
-@app.query("moments")
+@app.query(Query.MOMENTS)
 def moments(msg: Message, context: Context) -> Message:
     """Linear FedRep's Method-of-Moments statistic."""
-    client = _client(context)
-    return _reply(msg, client.moments(), {protocol.NUM_EXAMPLES: float(client.run.linear_samples)})
+    run = _run(context)
+    client = _client(run, context)
+    if not isinstance(client, MomentsSource):
+        raise _incapable(client, "MomentsSource", Query.MOMENTS)
+    return _reply(msg, client.moments(), {protocol.NUM_EXAMPLES: float(run.linear_samples)})

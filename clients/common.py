@@ -1,12 +1,111 @@
-"""Types and helpers every client uses; no torch, so numpy-only clients start fast."""
+"""What every client shares; no torch, so numpy-only clients start fast.
+
+- ``ClientBase``: the run configuration (read once, typed), the partition and the
+  node's ``context.state``; torch clients add threads, device and data
+  (``clients.base.TorchClient``).
+- Typed interfaces (``typing.Protocol``) of what the ClientApp's handlers call: every
+  client trains and evaluates; some also answer start-up and relay queries.
+- Reading the server's per-round settings from a message.
+"""
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, RecordDict
+
+from fedpers.config import RunConfig
 
 Arrays = dict[str, np.ndarray]
 Metrics = dict[str, float]
+
+
+class ClientBase:
+    """A client of one partition: the typed run configuration and the node's state.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The run configuration, parsed once by the ClientApp.
+    partition_id : int
+        This client's partition.
+    state : RecordDict
+        ``context.state`` of the node: what persists across rounds on the device.
+    """
+
+    def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
+        self.run = run
+        self.partition_id = partition_id
+        self.state = state
+
+
+class Client(Protocol):
+    """What every client does: one round of training, one evaluation."""
+
+    def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
+        """Train from the server's arrays; reply arrays and metrics."""
+        ...
+
+    def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
+        """Test with the server's arrays and the client's own parts."""
+        ...
+
+
+@runtime_checkable
+class SeedsModel(Protocol):
+    """A client that can build the seeded initial shared arrays (``query.initial``)."""
+
+    def initial_arrays(self) -> Arrays:
+        """The round-0 shared arrays."""
+        ...
+
+
+@runtime_checkable
+class MomentsSource(Protocol):
+    """Linear FedRep's Method-of-Moments statistic (``query.moments``)."""
+
+    def moments(self) -> Arrays:
+        """The statistic of this client's samples."""
+        ...
+
+
+@runtime_checkable
+class MixtureInitializer(Protocol):
+    """FedGMM's start-up queries (``query.pca``, ``query.summary``, ``query.assign``)."""
+
+    def pca_moments(self) -> Arrays:
+        """Moment statistics of the embedding inputs."""
+        ...
+
+    def summary(self, arrays: Arrays) -> Arrays:
+        """Local k-means centroids and counts."""
+        ...
+
+    def assignment_statistics(self, arrays: Arrays) -> Arrays:
+        """Statistics of the samples assigned to the nearest initial mean."""
+        ...
+
+
+@runtime_checkable
+class PilotAgent(Protocol):
+    """A Sheaf-FRL agent's relay queries."""
+
+    def pilots_message(self, config: ConfigRecord) -> Arrays:
+        """Its whitened pilot latents."""
+        ...
+
+    def maps_message(self, arrays: Arrays) -> Arrays:
+        """Owned edges' maps and transported pilots (homogeneous variant)."""
+        ...
+
+    def transport_message(self, neighbours: list[int]) -> Arrays:
+        """Own pilots in each neighbour's coordinates (private variant)."""
+        ...
+
+    def latents_message(self, config: ConfigRecord) -> Arrays:
+        """Whitened pilots and test latents, for communication accuracy."""
+        ...
 
 
 def config_int(config: ConfigRecord, key: str, default: int | None = None) -> int:

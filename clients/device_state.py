@@ -22,29 +22,31 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
-STATE_DIR = "state-dir"  # node-config key (devices)
-CLIENT_STATE_DIR = "client-state-dir"  # run-config key (simulation)
-META = "fedpers.meta"
-ROUNDS_TRAINED = "rounds-trained"
+from fedpers import protocol
+from fedpers.config import RunConfig
+
+META = protocol.STATE_META
+ROUNDS_TRAINED = protocol.STATE_ROUNDS_TRAINED
 KEEP = 2
 
 
-def _directory(context: Context) -> Path | None:
-    directory = context.node_config.get(STATE_DIR) or context.run_config.get(CLIENT_STATE_DIR)
+def _directory(run: RunConfig, context: Context) -> Path | None:
+    directory = context.node_config.get(protocol.NODE_STATE_DIR) or run.client_state_dir
     return Path(str(directory)) if directory else None
 
 
-def _stem(context: Context) -> str:
-    run = str(context.run_config.get("run-name") or f"run-{context.run_id}")
-    return f"{run}-partition-{context.node_config.get('partition-id', 'x')}"
+def _stem(run: RunConfig, context: Context) -> str:
+    name = run.run_name or f"run-{context.run_id}"
+    partition = context.node_config.get(protocol.NODE_PARTITION_ID, "x")
+    return f"{name}-partition-{partition}"
 
 
-def snapshots(context: Context) -> dict[int, Path]:
+def snapshots(run: RunConfig, context: Context) -> dict[int, Path]:
     """This node's saved snapshots by round."""
-    directory = _directory(context)
+    directory = _directory(run, context)
     if directory is None or not directory.exists():
         return {}
-    pattern = re.compile(re.escape(_stem(context)) + r"-round-(\d+)\.npz$")
+    pattern = re.compile(re.escape(_stem(run, context)) + r"-round-(\d+)\.npz$")
     found = {}
     for path in directory.iterdir():
         if match := pattern.match(path.name):
@@ -52,15 +54,16 @@ def snapshots(context: Context) -> dict[int, Path]:
     return found
 
 
-def restore(context: Context, *, before_round: int) -> bool:
+def restore(run: RunConfig, context: Context, *, before_round: int) -> bool:
     """Fill an empty ``context.state`` from the newest snapshot of a round before
     ``before_round``; True if something was restored."""
     if len(context.state) > 0:
         return False
-    older = [r for r in snapshots(context) if r < before_round]
+    found = snapshots(run, context)
+    older = [r for r in found if r < before_round]
     if not older:
         return False
-    with np.load(snapshots(context)[max(older)], allow_pickle=False) as stored:
+    with np.load(found[max(older)], allow_pickle=False) as stored:
         configs = json.loads(str(stored["__configs__"])) if "__configs__" in stored.files else {}
         arrays: dict[str, dict[str, Array]] = {}
         for key in stored.files:
@@ -74,9 +77,9 @@ def restore(context: Context, *, before_round: int) -> bool:
     return True
 
 
-def persist(context: Context, *, server_round: int) -> None:
+def persist(run: RunConfig, context: Context, *, server_round: int) -> None:
     """Snapshot ``context.state`` after ``server_round`` (no-op without a directory)."""
-    directory = _directory(context)
+    directory = _directory(run, context)
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)
@@ -86,13 +89,14 @@ def persist(context: Context, *, server_round: int) -> None:
             payload[f"a|{record}|{name}"] = array.numpy()
     configs = {name: dict(values) for name, values in context.state.config_records.items()}
     payload["__configs__"] = np.array(json.dumps(configs))
-    path = directory / f"{_stem(context)}-round-{server_round}.npz"
+    path = directory / f"{_stem(run, context)}-round-{server_round}.npz"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as handle:
         np.savez(handle, **payload)  # type: ignore[arg-type]  # numpy stubs: **kwargs
     os.replace(tmp, path)
-    for old in sorted(snapshots(context))[:-KEEP]:
-        snapshots(context)[old].unlink(missing_ok=True)
+    kept = snapshots(run, context)
+    for old in sorted(kept)[:-KEEP]:
+        kept[old].unlink(missing_ok=True)
 
 
 def count_round(context: Context) -> int:

@@ -1,7 +1,8 @@
 """Deliberate client faults, for testing what the server does with them.
 
 Run-config key ``fault-injection``: comma-separated ``kind:partition[@round]`` entries;
-without ``@round`` the fault happens every round. Kinds:
+without ``@round`` the fault happens every round (``fedpers.faults`` parses them).
+Kinds:
 
 - ``raise``: the ClientApp raises (Flower returns an error reply);
 - ``sleep``: the client sleeps ``round-timeout + 5`` seconds before training (its reply
@@ -19,45 +20,44 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from flwr.app import ConfigRecord, Context
+from flwr.app import ConfigRecord
 
 from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol
-from fedpers.config import parse_faults
+from fedpers.config import RunConfig
+from fedpers.faults import parse_faults
 
 
 class InjectedFaultError(RuntimeError):
     """The fault a ``raise`` entry asked for."""
 
 
-def _active(context: Context, config: ConfigRecord) -> set[str]:
-    spec = str(context.run_config.get("fault-injection", ""))
-    if not spec:
+def _active(run: RunConfig, partition: int, config: ConfigRecord) -> set[str]:
+    if not run.fault_injection:
         return set()
-    partition = int(context.node_config.get("partition-id", -1))
     server_round = config_int(config, protocol.ROUND, default=0)
     return {
         kind
-        for kind, p, at in parse_faults(spec)
+        for kind, p, at in parse_faults(run.fault_injection)
         if p == partition and (at is None or at == server_round)
     }
 
 
-def before_fit(context: Context, config: ConfigRecord) -> None:
+def before_fit(run: RunConfig, partition: int, config: ConfigRecord) -> None:
     """Raise or sleep, if this node is asked to in this round."""
-    active = _active(context, config)
+    active = _active(run, partition, config)
     if "raise" in active:
         round_number = config_int(config, protocol.ROUND, default=0)
         raise InjectedFaultError(f"injected fault in round {round_number}")
     if "sleep" in active:
-        time.sleep(float(str(context.run_config.get("round-timeout", 60.0))) + 5.0)
+        time.sleep(run.round_timeout + 5.0)
 
 
 def after_fit(
-    context: Context, config: ConfigRecord, arrays: Arrays, metrics: Metrics
+    run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays, metrics: Metrics
 ) -> tuple[Arrays, Metrics]:
     """Corrupt the reply, if this node is asked to in this round."""
-    active = _active(context, config)
+    active = _active(run, partition, config)
     if not arrays or not active & {"nan", "shape", "dtype"}:
         return arrays, metrics
     if "nan" in active:

@@ -13,35 +13,26 @@ FedGMM adds Gaussian components over an embedding of ``x``: it overrides
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch.nn import functional as F
 
-from clients.base import settings_from
+from clients.base import TorchClient
 from clients.common import Arrays, Metrics, config_float, config_int
 from fedpers import gmm, protocol
 from fedpers.config import RunConfig
-from fedpers.data.client import adaptation_split, client_data
+from fedpers.data.client import adaptation_split
 from fedpers.models import SplitModel, build_model, load_part_arrays, part_arrays
-from fedpers.protocol import Algorithm
 from fedpers.seeding import int_seed
-from fedpers.training import resolve_device, train
+from fedpers.training import train
 
 
-class FedEMClient:
+class FedEMClient(TorchClient):
     """M2 shared learners mixed by personal weights; no density on ``x``."""
 
-    algorithm: ClassVar[Algorithm] = Algorithm.FEDEM
-
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
-        torch.set_num_threads(run.client_threads)
-        self.run = run
-        self.partition_id = partition_id
-        self.state = state
-        self.data = client_data(run, partition_id)
+        super().__init__(run, partition_id, state)
         # Learners start from different seeds: identical learners would get identical
         # responsibilities and never separate.
         self.learners: list[SplitModel] = [
@@ -53,7 +44,6 @@ class FedEMClient:
             )
             for m in range(run.mixture_learners)
         ]
-        self.device = resolve_device(run.device)
         for learner in self.learners:
             learner.to(self.device)
         stored = state.get(protocol.STATE_PERSONAL)
@@ -79,10 +69,6 @@ class FedEMClient:
         return {}
 
     # ---------------------------------------------------------------------- pieces
-    def sizes(self) -> tuple[int, int]:
-        """Numbers of training and test samples of this client."""
-        return len(self.data.y_train), len(self.data.y_test)
-
     def initial_arrays(self) -> Arrays:
         """The seeded learners, each under its ``learnerM.`` prefix."""
         return {
@@ -99,7 +85,7 @@ class FedEMClient:
             expected = set(part_arrays(learner, protocol.MODEL_PARTS))
             if set(mine) != expected:
                 raise ValueError(
-                    f"{self.algorithm} client expected learner {m} arrays {sorted(expected)}, "
+                    f"{self.run.algorithm} client expected learner {m} arrays {sorted(expected)}, "
                     f"received {sorted(mine)}"
                 )
             load_part_arrays(learner, mine)
@@ -107,7 +93,7 @@ class FedEMClient:
     @torch.no_grad()
     def learner_log_probs(self, x: np.ndarray) -> np.ndarray:
         """``log softmax(f_m(x))`` of every learner, shape (n, M2, K)."""
-        inputs = torch.from_numpy(x).to(self.device)
+        inputs = self.tensor(x)
         out = []
         for learner in self.learners:
             learner.eval()
@@ -136,16 +122,12 @@ class FedEMClient:
             {protocol.MIXTURE_WEIGHTS: Array(self.weights.copy())}
         )
         extra = self.statistics(x, responsibilities, arrays)
-        learner_weights = torch.from_numpy(responsibilities.sum(axis=1).astype(np.float32)).to(
-            self.device
-        )
+        learner_weights = self.tensor(responsibilities.sum(axis=1).astype(np.float32))
         server_round = config_int(config, protocol.ROUND)
-        settings = settings_from(config)
-        x_t, y_t = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        settings = self.sgd_settings(config)
+        x_t, y_t = self.tensor(x), self.tensor(y)
         for m, learner in enumerate(self.learners):
-            generator = torch.Generator().manual_seed(
-                int_seed(self.run.seed, "train", self.partition_id, server_round, m)
-            )
+            generator = self.generator("train", server_round, m)
             train(
                 learner,
                 x_t,

@@ -16,22 +16,21 @@ import numpy as np
 from clients.common import Arrays
 from clients.fedem import FedEMClient
 from fedpers import gmm, protocol
+from fedpers.config import Embedding
 from fedpers.data.registry import DATASETS
 from fedpers.embedding import encode, flatten, project
-from fedpers.protocol import Algorithm
+from fedpers.protocol import (
+    PCA_COUNT,
+    PCA_OUTER,
+    PCA_SUM,
+    SUMMARY_CENTROIDS,
+    SUMMARY_COUNTS,
+)
 from fedpers.seeding import int_seed
-
-SUMMARY_CENTROIDS = "summary.centroids"
-SUMMARY_COUNTS = "summary.counts"
-PCA_COUNT = "pca.count"
-PCA_SUM = "pca.sum"
-PCA_OUTER = "pca.outer"
 
 
 class FedGMMClient(FedEMClient):
     """Personal weights over (Gaussian component, learner) cells."""
-
-    algorithm = Algorithm.FEDGMM
 
     @property
     def components(self) -> int:
@@ -40,7 +39,7 @@ class FedGMMClient(FedEMClient):
     # ------------------------------------------------------------------- embedding
     def features(self, x: np.ndarray) -> np.ndarray:
         """What the embedding starts from: raw vectors, or encoder features."""
-        if self.run.embedding != "resnet18":
+        if self.run.embedding != Embedding.RESNET18:
             return flatten(x)
         shape = DATASETS[self.run.dataset].image_shape
         assert shape is not None
@@ -48,7 +47,7 @@ class FedGMMClient(FedEMClient):
 
     def embed(self, x: np.ndarray, arrays: Arrays) -> np.ndarray:
         """``z = phi(x)``: identity, or the pooled PCA sent by the server."""
-        if self.run.embedding == "identity":
+        if self.run.embedding == Embedding.IDENTITY:
             return flatten(x)
         return project(self.features(x), arrays[protocol.PCA_MEAN], arrays[protocol.PCA_DIRECTIONS])
 

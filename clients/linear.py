@@ -8,33 +8,26 @@ samples from its own stream (the setting of Theorem 1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.common import Arrays, Metrics, config_float, config_int
+from clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers import linear, protocol
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
-from fedpers.protocol import Algorithm
+from fedpers.protocol import LINEAR_BODY as BODY
+from fedpers.protocol import LINEAR_HEAD as HEAD
 from fedpers.seeding import rng
 
-BODY = "body.weight"
-HEAD = "head.weight"
-MOMENTS = "moments"
 TEST_SAMPLES = 1000
 
 
-class LinearClient(ABC):
+class LinearClient(ClientBase, ABC):
     """Shared plumbing: the client's task, its fresh samples and its stored head."""
 
-    algorithm: ClassVar[Algorithm]
-
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
-        self.run = run
-        self.partition_id = partition_id
-        self.state = state
+        super().__init__(run, partition_id, state)
         self.tasks = LinearTasks(run.linear_dim, run.linear_rank, run.linear_noise_std, run.seed)
 
     def samples(
@@ -44,13 +37,9 @@ class LinearClient(ABC):
         generator = rng(self.run.seed, "linear", purpose, self.partition_id, server_round)
         return self.tasks.sample(self.partition_id, count or self.run.linear_samples, generator)
 
-    def sizes(self) -> tuple[int, int]:
-        """Samples drawn per round for training and for a test."""
-        return self.run.linear_samples, TEST_SAMPLES
-
     def moments(self) -> Arrays:
         """The Method-of-Moments statistic of ``m`` samples (FedRep's initialization)."""
-        return {MOMENTS: linear.moment_statistic(*self.samples("moments", 0))}
+        return {protocol.MOMENTS: linear.moment_statistic(*self.samples("moments", 0))}
 
     def stored_head(self) -> np.ndarray | None:
         """The head kept from earlier rounds, if any."""
@@ -87,12 +76,10 @@ class LinearFedRepClient(LinearClient):
     that many gradient steps from the stored head instead (GD-GD, 10GD-GD).
     """
 
-    algorithm = Algorithm.FEDREP
-
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         representation = arrays[BODY].T
         x, y = self.samples("train", config_int(config, protocol.ROUND))
-        steps = config_int(config, protocol.LINEAR_HEAD_STEPS)
+        steps = self.run.linear_head_steps
         if steps == 0:
             head = linear.least_squares_head(x, y, representation)
         else:
@@ -102,7 +89,7 @@ class LinearFedRepClient(LinearClient):
                 y,
                 representation,
                 np.zeros(self.run.linear_rank) if start is None else start,
-                lr=config_float(config, protocol.LINEAR_HEAD_LR),
+                lr=self.run.linear_head_lr,
                 steps=steps,
             )
         self.store_head(head)
@@ -125,8 +112,6 @@ class LinearFedRepClient(LinearClient):
 
 class FedSGDClient(LinearClient):
     """FedSGD: one gradient step on a single global model ``(B, w)``."""
-
-    algorithm = Algorithm.FEDSGD
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         representation, head = self.model(arrays)

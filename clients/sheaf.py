@@ -18,37 +18,32 @@ by a Procrustes step on what they receive, which lands both on the same optimum)
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.base import settings_from
+from clients.base import TorchClient
 from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol, sheaf
-from fedpers.config import RunConfig
-from fedpers.data.client import client_data, pilot_data
+from fedpers.config import RunConfig, SheafVariant
+from fedpers.data.client import pilot_data
 from fedpers.models.agents import build_agent, pilot_whitening
-from fedpers.protocol import Algorithm
+from fedpers.protocol import MODEL_PARTS, Whitening
 from fedpers.seeding import int_seed
-from fedpers.training import evaluate, resolve_device, train
+from fedpers.training import evaluate, train
 
 STATE_MODEL = "sheaf.model"
 STATE_MAPS = "sheaf.maps"
 STATE_NEIGHBOUR_PILOTS = "sheaf.neighbour-pilots"
 
 
-class SheafClient:
-    """One agent of a Sheaf-FRL graph."""
+class SheafClient(TorchClient):
+    """One agent of a Sheaf-FRL graph; ``cooperative = False`` trains it alone."""
 
-    algorithm: ClassVar[Algorithm] = Algorithm.SHEAF_FRL
+    cooperative = True
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
-        torch.set_num_threads(run.client_threads)
-        self.run = run
-        self.partition_id = partition_id
-        self.state = state
+        super().__init__(run, partition_id, state)
         self.specs = run.agent_specs()
         self.dims = [s.latent for s in self.specs]
         self.model = build_agent(
@@ -61,23 +56,13 @@ class SheafClient:
             stored = state[STATE_MODEL]
             assert isinstance(stored, ArrayRecord)
             self.model.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in stored.items()})
-        self.device = resolve_device(run.device)
         self.model.to(self.device)
-        self.data = client_data(run, partition_id)
         self.pilots_x, self.pilots_y = pilot_data(run)
-        self.lam = 0.0 if run.algorithm == Algorithm.NON_COOPERATIVE else run.sheaf_lambda
+        self.lam = run.sheaf_lambda if self.cooperative else 0.0
 
     # ------------------------------------------------------------------ helpers
-    def tensor(self, array: np.ndarray) -> torch.Tensor:
-        """A numpy array on the agent's device."""
-        return torch.from_numpy(array).to(self.device)
-
-    def sizes(self) -> tuple[int, int]:
-        """Numbers of training and test samples of this agent."""
-        return len(self.data.y_train), len(self.data.y_test)
-
     def save(self) -> None:
-        """Keep the whole model (with its whitening statistics) on the device."""
+        """Keep the whole model on the device."""
         self.state[STATE_MODEL] = ArrayRecord(
             {k: Array(v.detach().cpu().numpy().copy()) for k, v in self.model.state_dict().items()}
         )
@@ -90,7 +75,7 @@ class SheafClient:
 
     def whitening(self, mode: str) -> sheaf.Whitening:
         """Whitening statistics fitted on the pilots' or the training data's latents."""
-        source = self.pilots_x if mode == "pilots" else self.data.x_train
+        source = self.pilots_x if mode == Whitening.PILOTS else self.data.x_train
         return sheaf.Whitening.fit(self.raw_latents(source))
 
     def own_pilots(self) -> np.ndarray:
@@ -129,17 +114,10 @@ class SheafClient:
 
     # ---------------------------------------------------------- pilot exchanges
     def pilots_message(self, config: ConfigRecord) -> Arrays:
-        """Refit the whitening layer on the current pilot latents; send the pilots
-        whitened by it."""
-        with torch.no_grad():
-            self.model.eval()
-            whitened, mean, factor = pilot_whitening(self.model.body(self.tensor(self.pilots_x)))
-        inverse = torch.linalg.inv(factor)
-        self.model.whitening.set(
-            mean.cpu().numpy(), inverse.T.cpu().numpy(), factor.T.cpu().numpy()
-        )
+        """Send the current pilot latents whitened by their own statistics."""
+        pilots = self.own_pilots()
         self.save()
-        return {protocol.PILOTS: whitened.cpu().numpy().astype(float)}
+        return {protocol.PILOTS: pilots}
 
     def maps_message(self, arrays: Arrays) -> Arrays:
         """Homogeneous variant, edge source: one SVD per owned edge; send own pilots
@@ -147,7 +125,7 @@ class SheafClient:
         own = self.own_pilots()
         maps, kept, out = {}, {}, {}
         for name, theirs in arrays.items():
-            neighbour = int(name.rsplit(".", 1)[1])
+            _, neighbour = protocol.agent_of(name)
             restriction = self.restriction(neighbour, own, theirs)
             maps[str(neighbour)] = Array(restriction)
             kept[str(neighbour)] = Array(theirs)
@@ -179,9 +157,9 @@ class SheafClient:
         as ``(target, restriction)``: the penalty compares ``own @ restriction`` (or
         ``own`` when None) with ``target``, one row per pilot."""
         own = self.own_pilots()
-        if self.run.sheaf_variant == "heterogeneous":
+        if self.run.sheaf_variant == SheafVariant.HETEROGENEOUS:
             return self._heterogeneous_targets(own, arrays)
-        if self.run.sheaf_variant == "homogeneous":
+        if self.run.sheaf_variant == SheafVariant.HOMOGENEOUS:
             return self._homogeneous_targets(arrays)
         return self._private_targets(own, arrays)
 
@@ -191,7 +169,7 @@ class SheafClient:
         edges: list[tuple[np.ndarray, np.ndarray | None]] = []
         fitted: dict[str, Array] = {}
         for name, theirs in sorted(arrays.items()):
-            neighbour = int(name.rsplit(".", 1)[1])
+            _, neighbour = protocol.agent_of(name)
             restriction = self.restriction(neighbour, own, theirs)
             fitted[str(neighbour)] = Array(restriction)
             if sheaf.orient(self.partition_id, neighbour, self.dims)[0] == self.partition_id:
@@ -209,7 +187,8 @@ class SheafClient:
             for key in sorted(kept, key=int)  # own O^T vs theirs
         ]
         for name, received in sorted(arrays.items()):
-            kind, key = name.rsplit(".", 1)
+            kind, agent = protocol.agent_of(name)
+            key = str(agent)
             if kind == protocol.MAP:  # the owner's map of our edge, relayed
                 maps[key] = received
             else:  # the owner's pilots, already transported into this frame
@@ -224,7 +203,7 @@ class SheafClient:
         updated: dict[str, Array] = {}
         edges: list[tuple[np.ndarray, np.ndarray | None]] = []
         for name, received in sorted(arrays.items()):
-            key = name.rsplit(".", 1)[1]
+            key = str(protocol.agent_of(name)[1])
             # `received` = their pilots through their map to me, W_j M_ji. The best
             # correction R (received R^T ~ own) makes M_ji R^T the optimal map, and my
             # map to them its transpose R M_ij; the neighbour, correcting from the other
@@ -239,9 +218,7 @@ class SheafClient:
         """Refit the incident maps, then local epochs on loss + lambda * penalty."""
         edges = self.edge_targets(arrays) if self.lam > 0 else []
         server_round = config_int(config, protocol.ROUND)
-        generator = torch.Generator().manual_seed(
-            int_seed(self.run.seed, "train", self.partition_id, server_round)
-        )
+        generator = self.generator("train", server_round)
         pilots = self.tensor(self.pilots_x)
         targets = [
             (
@@ -262,11 +239,7 @@ class SheafClient:
             whitened, _, _ = pilot_whitening(self.model.body(pilots))
             own = whitened[index]
             self.model.body.train()
-            total = torch.zeros(())
-            for target, restriction in targets:
-                mine = own if restriction is None else own @ restriction
-                residual = mine - target[index]
-                total = total + residual.pow(2).sum() / (2 * len(index) * residual.shape[1])
+            total = sheaf.gluing_penalty_torch(own, [(t[index], r) for t, r in targets])
             penalties.append(float(total.detach()))
             return lam * total
 
@@ -274,9 +247,9 @@ class SheafClient:
             self.model,
             self.tensor(self.data.x_train),
             self.tensor(self.data.y_train),
-            parts=("body", "head"),
+            parts=MODEL_PARTS,
             epochs=config_int(config, protocol.EPOCHS),
-            settings=settings_from(config),
+            settings=self.sgd_settings(config),
             generator=generator,
             penalty=penalty if targets else None,
             max_grad_norm=self.run.sheaf_clip if self.run.sheaf_clip > 0 else None,
@@ -285,13 +258,13 @@ class SheafClient:
         return {}, {
             protocol.NUM_EXAMPLES: float(len(self.data.y_train)),
             protocol.LOSS: stats.loss,
-            "penalty": float(np.mean(penalties)) if penalties else 0.0,
+            protocol.PENALTY: float(np.mean(penalties)) if penalties else 0.0,
         }
 
     # ----------------------------------------------------------------- evaluate
     def latents_message(self, config: ConfigRecord) -> Arrays:
         """Whitened test latents and labels, for the neighbours' communication accuracy."""
-        whitening = self.whitening(str(config.get(protocol.WHITENING, "pilots")))
+        whitening = self.whitening(str(config.get(protocol.WHITENING, Whitening.PILOTS)))
         return {
             protocol.PILOTS: whitening.whiten(self.raw_latents(self.pilots_x)),
             protocol.LATENTS: whitening.whiten(self.raw_latents(self.data.x_test)),
@@ -309,16 +282,16 @@ class SheafClient:
             return {
                 protocol.NUM_EXAMPLES: 1.0,
                 protocol.ACCURACY: stats.accuracy,
-                "test-examples": float(stats.num_examples),
+                protocol.TEST_EXAMPLES: float(stats.num_examples),
             }
-        whitening = self.whitening(str(config.get(protocol.WHITENING, "pilots")))
+        whitening = self.whitening(str(config.get(protocol.WHITENING, Whitening.PILOTS)))
         own = whitening.whiten(self.raw_latents(self.pilots_x))
         metrics: Metrics = {protocol.NUM_EXAMPLES: 1.0}
         accuracies = []
         for name in sorted(arrays):
-            if not name.startswith(protocol.PILOTS + "."):
+            kind, sender = protocol.agent_of(name)
+            if kind != protocol.PILOTS:
                 continue
-            sender = int(name.rsplit(".", 1)[1])
             restriction = self.restriction(sender, own, arrays[name])
             latents = arrays[protocol.from_agent(protocol.LATENTS, sender)]
             labels = arrays[protocol.from_agent(protocol.LABELS, sender)]
@@ -330,7 +303,7 @@ class SheafClient:
                 raw = self.tensor(whitening.colour(received).astype(np.float32))
                 predicted = self.model.head(raw).argmax(dim=1).cpu().numpy()
             accuracy = float(np.mean(predicted == labels))
-            metrics[f"edge.{sender}"] = accuracy
+            metrics[protocol.edge_metric(sender)] = accuracy
             accuracies.append(accuracy)
         metrics[protocol.ACCURACY] = float(np.mean(accuracies)) if accuracies else float("nan")
         return metrics
@@ -339,4 +312,4 @@ class SheafClient:
 class NonCooperativeClient(SheafClient):
     """The same agent trained alone (lambda = 0); aligned only after training."""
 
-    algorithm = Algorithm.NON_COOPERATIVE
+    cooperative = False

@@ -1,126 +1,508 @@
-"""The run configuration: parsed once from ``context.run_config``, typed, validated.
+"""The run configuration: one schema, parsed once from ``context.run_config``, typed, validated.
 
-Defaults live in exactly one place, ``[tool.flwr.app.config]`` in pyproject.toml.
-Flower merges them with ``--run-config`` overrides before the apps see them; the
-launcher in ``simulations/`` merges them itself (``default_run_config``) so that a bad
-value stops a run before Flower or Ray start.
+Every key is declared once, in the settings group of its concern, with its type, default
+and a one-line description (``setting``); each group checks its own keys beside them, and
+``RunConfig`` (every group, read flat: ``run.lr``) checks the keys that depend on each
+other. The same declarations produce
+
+- the ``[tool.flwr.app.config]`` table of pyproject.toml, which Flower reads and merges
+  with ``--run-config`` overrides (``python -m fedpers.config pyproject``; a test keeps
+  the file equal to it);
+- the configuration reference of README.md (``python -m fedpers.config markdown``);
+- the ``--help`` of the scripts' flags that set a key (``simulations.common.config_help``).
+
+The launcher in ``simulations/`` merges overrides itself (``load_run_config``), so that
+a bad value stops a run before Flower or Ray start.
 """
+
+# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import math
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, get_type_hints
 
-from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
+from fedpers import algorithms
+from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.data.registry import DATASETS, MODEL_INPUTS
-from fedpers.data.shift import parse_transforms
-from fedpers.protocol import (
-    LINEAR_ALGORITHMS,
-    LINEAR_ONLY,
-    MIXTURE_ALGORITHMS,
-    SHEAF_ALGORITHMS,
-    Algorithm,
-)
+from fedpers.data.shift import TRANSFORMS, parse_transforms
+from fedpers.faults import FAULT_KINDS, parse_faults
 from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, target_classes
 
-PARTITIONERS = ("classes", "dirichlet", "lognormal", "generated")
-TEST_SPLITS = ("dataset", "per-client")
-LR_SCHEDULES = ("constant", "milestones")
-EMBEDDINGS = ("auto", "identity", "pca", "resnet18")
-UNSEEN_ALGORITHMS = frozenset({Algorithm.FEDGMM, Algorithm.FEDEM, Algorithm.FEDAVG})
-SHEAF_VARIANTS = ("heterogeneous", "homogeneous", "private")
-SHEAF_DATASETS = ("digits", "mnist")
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+SHEAF_DATASETS = ("digits", "mnist")
+GMM_ALGORITHM = "fedgmm"  # the one algorithm whose Gaussians model an embedding (gmm-*)
+
+_T = TypeVar("_T")
+_DESCRIPTION = "fedpers.description"
+_CHOICES = "fedpers.choices"
 
 
 class ConfigError(ValueError):
     """A run-config value that cannot work; the message names the key and the fix."""
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Every key of ``[tool.flwr.app.config]`` as a typed attribute.
+# --------------------------------------------------------------------------- modes
+class Partitioner(StrEnum):
+    """How a data set is split over clients (``partitioner``)."""
 
-    Attribute names are the keys with ``-`` replaced by ``_``. See README.md
-    ("Configuration") for what each key means.
+    CLASSES = "classes"
+    DIRICHLET = "dirichlet"
+    LOGNORMAL = "lognormal"
+    GENERATED = "generated"
+
+
+class TestSplit(StrEnum):
+    """Where a client's test samples come from (``test-split``)."""
+
+    __test__ = False  # not a pytest test class, despite its name
+
+    DATASET = "dataset"
+    PER_CLIENT = "per-client"
+
+
+class LrSchedule(StrEnum):
+    """Step size over the rounds (``lr-schedule``)."""
+
+    CONSTANT = "constant"
+    MILESTONES = "milestones"
+
+
+class Device(StrEnum):
+    """Where clients train (``device``)."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class GmmCovariance(StrEnum):
+    """Covariance of FedGMM's Gaussian components (``gmm-covariance``)."""
+
+    FULL = "full"
+    DIAG = "diag"
+
+
+class GmmAggregation(StrEnum):
+    """How the server combines the clients' Gaussian statistics (``gmm-aggregation``)."""
+
+    EXACT = "exact"
+    AVERAGE = "average"
+
+
+class Embedding(StrEnum):
+    """What FedGMM's Gaussians model (``gmm-embedding``)."""
+
+    AUTO = "auto"
+    IDENTITY = "identity"
+    PCA = "pca"
+    RESNET18 = "resnet18"
+
+
+class MixtureCovariance(StrEnum):
+    """Covariance of the synthetic mixtures' components (``fedpers.data.mixture``)."""
+
+    IDENTITY = "identity"
+    OFFICIAL = "official"
+
+
+class MixtureLabels(StrEnum):
+    """Labelling directions of the synthetic mixtures (``fedpers.data.mixture``)."""
+
+    DIFFERENCE = "difference"
+    RANDOM = "random"
+
+
+class MixtureSizes(StrEnum):
+    """Client sizes of the synthetic mixtures (``fedpers.data.mixture``)."""
+
+    FIXED = "fixed"
+    LOGNORMAL = "lognormal"
+
+
+class SheafVariant(StrEnum):
+    """How Sheaf-FRL's agents exchange pilots (``sheaf-variant``)."""
+
+    HETEROGENEOUS = "heterogeneous"
+    HOMOGENEOUS = "homogeneous"
+    PRIVATE = "private"
+
+
+def setting(default: _T, description: str, *, choices: Sequence[str] = ()) -> _T:
+    """Declare a run-config key: its default and what it means, in one line.
+
+    The key is the attribute name with ``_`` replaced by ``-``, its type the attribute's
+    annotation, its group the class that declares it. ``choices`` restricts a plain
+    ``str`` key to a list that lives elsewhere (the data-set registry); keys with a
+    fixed set of values are ``StrEnum``s instead.
     """
+    metadata = {_DESCRIPTION: description, _CHOICES: tuple(choices)}
+    return dataclasses.field(default=default, metadata=metadata)
 
-    algorithm: str
-    dataset: str
-    model: str
-    data_root: str
-    partitioner: str
-    num_clients: int
-    classes_per_client: int
-    dirichlet_alpha: float
-    lognormal_sigma: float
-    samples_per_client: int
-    test_split: str
-    num_rounds: int
-    fraction_train: float
-    final_rounds: int
-    round_timeout: float
-    node_wait_timeout: float
-    epochs: int
-    head_epochs: int
-    finetune_epochs: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    batch_size: int
-    lr_schedule: str
-    client_threads: int
-    device: str
-    evaluate_every: int
-    min_replies: int
-    fault_injection: str
-    client_state_dir: str
-    resume: bool
-    linear_dim: int
-    linear_rank: int
-    linear_samples: int
-    linear_noise_std: float
-    linear_lr: float
-    linear_head_steps: int
-    linear_head_lr: float
-    mixture_learners: int
-    gmm_components: int
-    gmm_covariance: str
-    gmm_ridge: float
-    gmm_aggregation: str
-    gmm_shared_weights: bool
-    gmm_embedding: str
-    gmm_embedding_dim: int
-    gmm_encoder_weights: str
-    unseen_fraction: float
-    adapt_fraction: float
-    mixture_dim: int
-    mixture_components: int
-    mixture_alpha: float
-    mixture_covariance: str
-    mixture_labels: str
-    mixture_sizes: str
-    joint_shift: bool
-    shift_transforms: str
-    shift_fraction: float
-    sheaf_shift: float
-    sheaf_lambda: float
-    sheaf_pilot_fraction: float
-    sheaf_pilot_batch: int
-    sheaf_density: float
-    sheaf_variant: str
-    sheaf_latent_dims: str
-    sheaf_hidden: str
-    sheaf_latent_scale: float
-    sheaf_clip: float
-    seed: int
-    results_dir: str
-    run_name: str
+
+# ------------------------------------------------------------------------- groups
+@dataclass(frozen=True)
+class ExperimentSettings:
+    """What to run (algorithm, data set, model) and its seed."""
+
+    algorithm: str = setting(
+        "fedrep",
+        "a row of the algorithm table, `fedpers.algorithms` (README: Algorithms); packages "
+        "can register more",
+    )
+    dataset: str = setting(
+        "mnist1d",
+        "`mnist`, `femnist`, `cifar10`, `cifar100` are read from `data-root`; the others "
+        "are generated or ship with a package",
+        choices=tuple(DATASETS),
+    )
+    model: str = setting(
+        "auto",
+        "`auto`: the data set's default; otherwise a model that takes its inputs",
+        choices=("auto", *MODEL_INPUTS),
+    )
+    seed: int = setting(0, "every random choice (data, partition, model, sampling, batches)")
+
+    def _check_experiment(self) -> None:
+        if self.algorithm not in algorithms.names():
+            raise ConfigError(
+                f"run-config key 'algorithm' = '{self.algorithm}' is not allowed; choose one "
+                f"of: {', '.join(algorithms.names())} (or register your own with "
+                "fedpers.algorithms.register)."
+            )
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """How the data is made and split over clients."""
+
+    data_root: str = setting(
+        "", "local directory of the torchvision data sets (also caches generated data)"
+    )
+    partitioner: Partitioner = setting(
+        Partitioner.CLASSES,
+        "`classes`: S classes per client; `dirichlet`; `lognormal`: S classes, log-normal "
+        "sizes; `generated`: each MNIST-1D client generates its own",
+    )
+    num_clients: int = setting(100, "clients = partitions = virtual nodes (agents of Sheaf-FRL)")
+    classes_per_client: int = setting(
+        2, "S, the classes of a client for `classes`, `lognormal` and `generated`"
+    )
+    dirichlet_alpha: float = setting(0.5, "concentration of `dirichlet`")
+    lognormal_sigma: float = setting(1.0, "spread of the client sizes of `lognormal`")
+    samples_per_client: int = setting(
+        130,
+        "training samples generated per client (MNIST-1D, mixtures); mean size of `lognormal`",
+    )
+    test_split: TestSplit = setting(
+        TestSplit.DATASET,
+        "`dataset` (FedRep): test samples from the test split over the client's classes; "
+        "`per-client` (FedEM, FedGMM): pool, partition, split each client 60/20/20",
+    )
+    joint_shift: bool = setting(
+        False, "transform a share of an image data set and permute its labels (FedGMM, 4.1)"
+    )
+    shift_transforms: str = setting(
+        "rot90+flip+invert",
+        f"the transforms of `joint-shift`: {', '.join(TRANSFORMS)}, combined with `+`",
+    )
+    shift_fraction: float = setting(0.5, "share of the samples that `joint-shift` transforms")
+
+    def _check_data(self) -> None:
+        _at_least("num-clients", self.num_clients, 1)
+        _at_least("samples-per-client", self.samples_per_client, 1)
+        _positive("dirichlet-alpha", self.dirichlet_alpha)
+        _at_least("lognormal-sigma", self.lognormal_sigma, 0.0)
+        _within("shift-fraction", self.shift_fraction, "[0, 1]")
+        try:
+            parse_transforms(self.shift_transforms)
+        except ValueError as error:
+            raise ConfigError(f"run-config key 'shift-transforms': {error}.") from error
+
+
+@dataclass(frozen=True)
+class MixtureDataSettings:
+    """The synthetic mixtures of FedGMM's Section 4.1 (dataset "mixture")."""
+
+    mixture_dim: int = setting(32, "input dimension d")
+    mixture_components: int = setting(3, "Gaussian components M")
+    mixture_alpha: float = setting(0.4, "Dirichlet concentration of a client's mixture weights")
+    mixture_covariance: MixtureCovariance = setting(
+        MixtureCovariance.IDENTITY, "`identity` (the paper's text) or `official` (I / sqrt(d))"
+    )
+    mixture_labels: MixtureLabels = setting(
+        MixtureLabels.DIFFERENCE,
+        "labelling directions: the `difference` of two means (the authors' code) or `random`",
+    )
+    mixture_sizes: MixtureSizes = setting(
+        MixtureSizes.FIXED,
+        "`fixed` (`samples-per-client` each) or `lognormal` (the authors' code)",
+    )
+
+    def _check_mixture_data(self) -> None:
+        _at_least("mixture-dim", self.mixture_dim, 1)
+        _at_least("mixture-components", self.mixture_components, 1)
+        _positive("mixture-alpha", self.mixture_alpha)
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """Rounds, sampling and evaluation."""
+
+    num_rounds: int = setting(100, "communication rounds")
+    fraction_train: float = setting(0.1, "fraction of the clients trained each round")
+    final_rounds: int = setting(10, "rounds averaged for the final accuracy")
+    evaluate_every: int = setting(
+        1,
+        "evaluate all clients every this many rounds and in each of the last `final-rounds`; "
+        "0: only after the last round",
+    )
+    round_timeout: float = setting(600.0, "seconds to wait for a round's replies")
+    node_wait_timeout: float = setting(120.0, "seconds to wait for all nodes to register")
+
+    def _check_rounds(self) -> None:
+        _at_least("num-rounds", self.num_rounds, 1)
+        _at_least("final-rounds", self.final_rounds, 1)
+        _at_least("evaluate-every", self.evaluate_every, 0)
+        if not 0.0 < self.fraction_train <= 1.0:
+            raise ConfigError(
+                f"run-config key 'fraction-train' = {self.fraction_train} is outside "
+                "(0, 1]; it is the fraction of clients sampled for training each round."
+            )
+        _positive("round-timeout", self.round_timeout)
+        _positive("node-wait-timeout", self.node_wait_timeout)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Local training of the deep models (a fresh SGD optimizer each round)."""
+
+    epochs: int = setting(5, "local epochs (FedRep: epochs on the body)")
+    head_epochs: int = setting(10, "FedRep's epochs on the head, before the body's")
+    finetune_epochs: int = setting(10, "FedAvg+FT's epochs on the head after the last round")
+    lr: float = setting(0.05, "SGD step size")
+    momentum: float = setting(0.5, "SGD momentum, below 1")
+    weight_decay: float = setting(0.0001, "SGD weight decay (none on biases)")
+    batch_size: int = setting(10, "mini-batch size")
+    lr_schedule: LrSchedule = setting(
+        LrSchedule.CONSTANT,
+        "`milestones`: x0.1 after half the rounds, x0.01 after three quarters",
+    )
+
+    def _check_training(self) -> None:
+        _at_least("epochs", self.epochs, 0)
+        _at_least("head-epochs", self.head_epochs, 0)
+        _at_least("finetune-epochs", self.finetune_epochs, 0)
+        _at_least("batch-size", self.batch_size, 1)
+        _positive("lr", self.lr)
+        _at_least("momentum", self.momentum, 0.0)
+        _at_least("weight-decay", self.weight_decay, 0.0)
+        if self.momentum >= 1.0:
+            raise ConfigError(f"run-config key 'momentum' = {self.momentum} must be < 1.")
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """What a client may use on its machine."""
+
+    client_threads: int = setting(1, "torch threads per ClientApp")
+    device: Device = setting(Device.AUTO, "where clients train (`auto`: CUDA when visible)")
+
+    def _check_resources(self) -> None:
+        _at_least("client-threads", self.client_threads, 1)
+
+
+@dataclass(frozen=True)
+class FaultSettings:
+    """Bad replies, injected faults, checkpoints and resume."""
+
+    min_replies: int = setting(
+        1, "usable training replies a round needs, else the run stops cleanly"
+    )
+    fault_injection: str = setting(
+        "",
+        "make clients misbehave (tests): `kind:partition[@round]`, comma-separated, kinds "
+        f"{', '.join(FAULT_KINDS)}",
+    )
+    client_state_dir: str = setting(
+        "", "simulation: clients snapshot their personal state here every round"
+    )
+    resume: bool = setting(False, "continue the run `run-name` from its last checkpoint")
+
+    def _check_faults(self) -> None:
+        _at_least("min-replies", self.min_replies, 1)
+        try:
+            parse_faults(self.fault_injection)
+        except ValueError as error:
+            raise ConfigError(f"run-config key 'fault-injection': {error}.") from error
+
+
+@dataclass(frozen=True)
+class LinearSettings:
+    """Linear representation learning, FedRep's Section 4 (dataset "linear")."""
+
+    linear_dim: int = setting(10, "input dimension d")
+    linear_rank: int = setting(2, "representation dimension k, at most d")
+    linear_samples: int = setting(5, "fresh samples m per client and round")
+    linear_noise_std: float = setting(0.0316, "label noise (the paper's variance 1e-3)")
+    linear_lr: float = setting(0.4, "step on B (gradients averaged over samples and clients)")
+    linear_head_steps: int = setting(
+        0, "steps on the head: 0 solves it by least squares (FedRep); 1: GD-GD; 10: 10GD-GD"
+    )
+    linear_head_lr: float = setting(0.4, "step on the head when `linear-head-steps` > 0")
+
+    def _check_linear(self) -> None:
+        _at_least("linear-dim", self.linear_dim, 1)
+        _at_least("linear-rank", self.linear_rank, 1)
+        _at_least("linear-samples", self.linear_samples, 1)
+        _at_least("linear-head-steps", self.linear_head_steps, 0)
+        _at_least("linear-noise-std", self.linear_noise_std, 0.0)
+        _positive("linear-lr", self.linear_lr)
+        _positive("linear-head-lr", self.linear_head_lr)
+        if self.linear_rank > self.linear_dim:
+            raise ConfigError(
+                f"run-config key 'linear-rank' = {self.linear_rank} exceeds "
+                f"'linear-dim' = {self.linear_dim}; the representation is d x k, k <= d."
+            )
+
+
+@dataclass(frozen=True)
+class MixtureSettings:
+    """Mixtures of learners: FedEM and FedGMM, and their unseen clients."""
+
+    mixture_learners: int = setting(3, "M2 learners of FedEM and FedGMM")
+    gmm_components: int = setting(3, "M1 Gaussian components of FedGMM")
+    gmm_covariance: GmmCovariance = setting(GmmCovariance.FULL, "covariance of every component")
+    gmm_ridge: float = setting(0.01, "ridge added to every covariance")
+    gmm_aggregation: GmmAggregation = setting(
+        GmmAggregation.EXACT, "`exact`: from pooled statistics; `average`: the paper's"
+    )
+    gmm_shared_weights: bool = setting(
+        False, "clients use the server's weights in their E-step (pure federated EM)"
+    )
+    gmm_embedding: Embedding = setting(
+        Embedding.AUTO,
+        "what the Gaussians model; `auto`: `identity` for the mixtures, `pca` for images",
+    )
+    gmm_embedding_dim: int = setting(16, "dimensions of the pooled PCA (`pca`, `resnet18`)")
+    gmm_encoder_weights: str = setting(
+        "", "path of a torchvision resnet18 state dict for `resnet18` (never downloaded)"
+    )
+    unseen_fraction: float = setting(0.0, "share of the clients held out of training")
+    adapt_fraction: float = setting(
+        0.5, "share of an unseen client's samples it adapts on; it is tested on the rest"
+    )
+
+    def _check_mixtures(self) -> None:
+        _at_least("mixture-learners", self.mixture_learners, 1)
+        _at_least("gmm-components", self.gmm_components, 1)
+        _at_least("gmm-embedding-dim", self.gmm_embedding_dim, 1)
+        _at_least("gmm-ridge", self.gmm_ridge, 0.0)
+        _within("unseen-fraction", self.unseen_fraction, "[0, 1)")
+        _within("adapt-fraction", self.adapt_fraction, "(0, 1)")
+
+
+@dataclass(frozen=True)
+class SheafSettings:
+    """The Sheaf-FRL algorithms: sheaf-frl and its baseline, non-cooperative."""
+
+    sheaf_shift: float = setting(0.9, "distribution shift s of the agents' data (0: uniform)")
+    sheaf_lambda: float = setting(0.1, "weight of the gluing penalty")
+    sheaf_pilot_fraction: float = setting(0.1, "share of the data held out as pilots, by all")
+    sheaf_pilot_batch: int = setting(64, "pilots K per step")
+    sheaf_density: float = setting(0.4, "edge density of the communication graph")
+    sheaf_variant: SheafVariant = setting(
+        SheafVariant.HETEROGENEOUS, "`homogeneous` and `private` need equal latent dimensions"
+    )
+    sheaf_latent_dims: str = setting(
+        "",
+        "comma-separated latent dimension per agent (empty: the paper's x `sheaf-latent-scale`)",
+    )
+    sheaf_hidden: str = setting(
+        "", "comma-separated encoder width per agent (empty: the paper's x `sheaf-latent-scale`)"
+    )
+    sheaf_latent_scale: float = setting(
+        0.125, "scale of the paper's latent dimensions (128...256 -> 16...32)"
+    )
+    sheaf_clip: float = setting(1.0, "gradient-norm clip of an agent's step (0: none)")
+
+    def _check_sheaf(self) -> None:
+        _within("sheaf-shift", self.sheaf_shift, "[0, 1]")
+        _within("sheaf-pilot-fraction", self.sheaf_pilot_fraction, "(0, 1)")
+        _within("sheaf-density", self.sheaf_density, "(0, 1]")
+        _at_least("sheaf-lambda", self.sheaf_lambda, 0.0)
+        _at_least("sheaf-pilot-batch", self.sheaf_pilot_batch, 1)
+        _positive("sheaf-latent-scale", self.sheaf_latent_scale)
+        _at_least("sheaf-clip", self.sheaf_clip, 0.0)
+        for key, text in (
+            ("sheaf-latent-dims", self.sheaf_latent_dims),
+            ("sheaf-hidden", self.sheaf_hidden),
+        ):
+            try:
+                values = _int_list(text)
+            except ValueError as error:
+                raise ConfigError(
+                    f"run-config key '{key}' = '{text}' must be comma-separated integers."
+                ) from error
+            if any(v < 1 for v in values):
+                raise ConfigError(f"run-config key '{key}' = '{text}' must be positive.")
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Where a run writes."""
+
+    results_dir: str = setting("results", "directory of the run directories")
+    run_name: str = setting("", "the run's directory (empty: `<algorithm>-<dataset>-<time>`)")
+
+
+# The groups in the order of the docs and of pyproject.toml.
+GROUPS: dict[str, type] = {
+    "experiment": ExperimentSettings,
+    "data": DataSettings,
+    "mixture data": MixtureDataSettings,
+    "rounds": RoundSettings,
+    "training": TrainingSettings,
+    "resources": ResourceSettings,
+    "faults": FaultSettings,
+    "linear": LinearSettings,
+    "mixtures": MixtureSettings,
+    "sheaf": SheafSettings,
+    "output": OutputSettings,
+}
+
+
+# ---------------------------------------------------------------------- RunConfig
+@dataclass(frozen=True)
+class RunConfig(  # bases in reverse: dataclasses orders fields from the last base
+    OutputSettings,
+    SheafSettings,
+    MixtureSettings,
+    LinearSettings,
+    FaultSettings,
+    ResourceSettings,
+    TrainingSettings,
+    RoundSettings,
+    MixtureDataSettings,
+    DataSettings,
+    ExperimentSettings,
+):
+    """Every key of the run config as a typed attribute, validated.
+
+    Attribute names are the keys with ``-`` replaced by ``_``; each is declared, with
+    its default and description, in one of the ``GROUPS`` (see README.md,
+    "Configuration"). Build it with ``from_mapping`` or ``load_run_config``: the
+    constructor does not validate.
+    """
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -132,32 +514,71 @@ class RunConfig:
             On a missing or unknown key, a value of the wrong type, or a value outside
             what the key allows. The message names the key and what is allowed.
         """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        settings = {s.attribute: s for s in schema().values()}
         given = {key.replace("-", "_"): value for key, value in values.items()}
-        unknown = sorted(set(given) - set(fields))
+        unknown = sorted(set(given) - set(settings))
         if unknown:
             keys = ", ".join(k.replace("_", "-") for k in unknown)
             raise ConfigError(
                 f"unknown run-config key(s): {keys}. Every key must exist in "
                 "[tool.flwr.app.config] of pyproject.toml."
             )
-        missing = sorted(set(fields) - set(given))
+        missing = sorted(set(settings) - set(given))
         if missing:
             keys = ", ".join(k.replace("_", "-") for k in missing)
             raise ConfigError(
                 f"run config lacks key(s): {keys}; they are defined in "
                 "[tool.flwr.app.config] of pyproject.toml."
             )
-        kwargs = {name: _coerce(name, given[name], f.type) for name, f in fields.items()}
-        config = cls(**kwargs)
+        parsed = {name: s.parse(given[name]) for name, s in settings.items()}
+        core = {s.attribute for s in core_schema().values()}
+        declared = {
+            s.key: parsed[s.attribute] for s in schema().values() if s.attribute not in core
+        }
+        config = cls(
+            **{name: value for name, value in parsed.items() if name in core},
+            algorithm_settings=declared,
+        )
         config._validate()
         return config
 
+    algorithm_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Values of the keys that algorithms declare (``AlgorithmSpec.settings``), by key."""
+
+    def setting(self, key: str) -> Any:
+        """The value of ``key``, a core key or one an algorithm declares.
+
+        Raises
+        ------
+        KeyError
+            If no registered algorithm declares ``key`` and it is not a core key.
+        """
+        if key in self.algorithm_settings:
+            return self.algorithm_settings[key]
+        if key in core_schema():
+            return getattr(self, core_schema()[key].attribute)
+        raise KeyError(f"run-config key '{key}' is not declared by any registered algorithm")
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The run config with its kebab-case keys and plain TOML values (``config.json``)."""
+        core = {s.key: _plain(getattr(self, s.attribute)) for s in core_schema().values()}
+        return {**core, **self.algorithm_settings}
+
     # ------------------------------------------------------------------ derived
+    @property
+    def spec(self) -> AlgorithmSpec:
+        """The algorithm's row of the algorithm table."""
+        return algorithms.get(self.algorithm)
+
     @property
     def is_linear(self) -> bool:
         """True for the linear representation-learning tasks of FedRep's Section 4."""
         return self.dataset == "linear"
+
+    @property
+    def is_sheaf(self) -> bool:
+        """True for the decentralized Sheaf-FRL family (no shared model)."""
+        return self.spec.family is Family.SHEAF
 
     @property
     def model_name(self) -> str:
@@ -181,187 +602,22 @@ class RunConfig:
         return shape
 
     @property
-    def embedding(self) -> str:
+    def embedding(self) -> Embedding:
         """The GMM's input embedding, with ``auto`` resolved: raw vectors of the
         synthetic mixtures, PCA of the pixels for images."""
-        if self.gmm_embedding != "auto":
-            return self.gmm_embedding
-        return "identity" if self.dataset == "mixture" else "pca"
+        if self.gmm_embedding != Embedding.AUTO:
+            return Embedding(self.gmm_embedding)
+        return Embedding.IDENTITY if self.dataset == "mixture" else Embedding.PCA
 
     @property
     def per_client_split(self) -> bool:
         """True when each client splits its own data 60/20/20 (FedEM's protocol)."""
-        return self.test_split == "per-client" or self.dataset == "mixture"
+        return self.test_split == TestSplit.PER_CLIENT or self.dataset == "mixture"
 
     @property
     def clients_per_round(self) -> int:
         """Clients sampled for training each round (at least one)."""
         return max(1, round(self.fraction_train * self.num_clients))
-
-    def to_mapping(self) -> dict[str, Any]:
-        """The run config with its original kebab-case keys (for ``config.json``)."""
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    # --------------------------------------------------------------- validation
-    def _validate(self) -> None:
-        _one_of("algorithm", self.algorithm, [a.value for a in Algorithm])
-        _one_of("dataset", self.dataset, list(DATASETS))
-        _one_of("model", self.model, ["auto", *MODEL_INPUTS])
-        _one_of("partitioner", self.partitioner, list(PARTITIONERS))
-        _one_of("test-split", self.test_split, list(TEST_SPLITS))
-        _one_of("lr-schedule", self.lr_schedule, list(LR_SCHEDULES))
-        _at_least("num-clients", self.num_clients, 1)
-        _at_least("num-rounds", self.num_rounds, 1)
-        _at_least("final-rounds", self.final_rounds, 1)
-        _at_least("epochs", self.epochs, 0)
-        _at_least("head-epochs", self.head_epochs, 0)
-        _at_least("finetune-epochs", self.finetune_epochs, 0)
-        _at_least("batch-size", self.batch_size, 1)
-        _at_least("client-threads", self.client_threads, 1)
-        _one_of("device", self.device, ["auto", "cpu", "cuda"])
-        _at_least("evaluate-every", self.evaluate_every, 0)
-        _at_least("min-replies", self.min_replies, 1)
-        try:
-            parse_faults(self.fault_injection)
-        except ValueError as error:
-            raise ConfigError(f"run-config key 'fault-injection': {error}.") from error
-        _at_least("samples-per-client", self.samples_per_client, 1)
-        if not 0.0 < self.fraction_train <= 1.0:
-            raise ConfigError(
-                f"run-config key 'fraction-train' = {self.fraction_train} is outside "
-                "(0, 1]; it is the fraction of clients sampled for training each round."
-            )
-        for key in ("lr", "round-timeout", "node-wait-timeout", "dirichlet-alpha"):
-            _positive(key, getattr(self, key.replace("-", "_")))
-        for key in ("momentum", "weight-decay", "lognormal-sigma"):
-            _at_least(key, getattr(self, key.replace("-", "_")), 0.0)
-        if self.momentum >= 1.0:
-            raise ConfigError(f"run-config key 'momentum' = {self.momentum} must be < 1.")
-        self._validate_mixtures()
-        self._validate_sheaf()
-
-        algorithm = Algorithm(self.algorithm)
-        if self.is_linear:
-            if algorithm not in LINEAR_ALGORITHMS:
-                allowed = ", ".join(sorted(a.value for a in LINEAR_ALGORITHMS))
-                raise ConfigError(
-                    f"run-config key 'algorithm' = '{self.algorithm}' has no linear "
-                    f"variant; with dataset='linear' choose one of: {allowed}."
-                )
-            if self.model not in ("auto", "linear"):
-                raise ConfigError(
-                    f"run-config key 'model' = '{self.model}' does not fit "
-                    "dataset='linear'; use model='linear' or 'auto'."
-                )
-            self._validate_linear()
-            return
-        if algorithm in LINEAR_ONLY:
-            raise ConfigError(
-                f"run-config key 'algorithm' = '{self.algorithm}' exists only for the "
-                "linear model; set dataset='linear' or choose fedavg for deep models."
-            )
-        data_shape = self.input_shape
-        if MODEL_INPUTS[self.model_name] not in (None, data_shape):
-            fitting = [m for m, shape in MODEL_INPUTS.items() if shape == data_shape]
-            raise ConfigError(
-                f"run-config key 'model' = '{self.model}' does not take the inputs of "
-                f"dataset='{self.dataset}'; use 'auto' or one of: {', '.join(fitting)}."
-            )
-        if self.partitioner == "generated" and self.dataset != "mnist1d":
-            raise ConfigError(
-                "run-config key 'partitioner' = 'generated' (each client generates its own "
-                f"data) exists for dataset='mnist1d' only, not '{self.dataset}'."
-            )
-        if self.partitioner in ("classes", "lognormal", "generated") and not (
-            1 <= self.classes_per_client <= self.num_classes
-        ):
-            raise ConfigError(
-                f"run-config key 'classes-per-client' = {self.classes_per_client} must be "
-                f"between 1 and the {self.num_classes} classes of dataset="
-                f"'{self.dataset}'."
-            )
-
-    def _validate_mixtures(self) -> None:
-        algorithm = Algorithm(self.algorithm)
-        for key in (
-            "mixture-learners",
-            "gmm-components",
-            "gmm-embedding-dim",
-            "mixture-dim",
-        ):
-            _at_least(key, getattr(self, key.replace("-", "_")), 1)
-        _at_least("mixture-components", self.mixture_components, 1)
-        _at_least("gmm-ridge", self.gmm_ridge, 0.0)
-        _positive("mixture-alpha", self.mixture_alpha)
-        _one_of("gmm-covariance", self.gmm_covariance, ["full", "diag"])
-        _one_of("gmm-aggregation", self.gmm_aggregation, ["exact", "average"])
-        _one_of("gmm-embedding", self.gmm_embedding, list(EMBEDDINGS))
-        _one_of("mixture-covariance", self.mixture_covariance, list(COVARIANCES))
-        _one_of("mixture-labels", self.mixture_labels, list(LABELLINGS))
-        _one_of("mixture-sizes", self.mixture_sizes, list(SIZES))
-        if not 0.0 <= self.unseen_fraction < 1.0:
-            raise ConfigError(
-                f"run-config key 'unseen-fraction' = {self.unseen_fraction} must be in [0, 1)."
-            )
-        if self.unseen_fraction > 0 and algorithm not in UNSEEN_ALGORITHMS:
-            allowed = ", ".join(sorted(a.value for a in UNSEEN_ALGORITHMS))
-            raise ConfigError(
-                f"run-config key 'unseen-fraction' > 0 needs an algorithm that can serve "
-                f"unseen clients ({allowed}), not '{self.algorithm}'."
-            )
-        if self.unseen_fraction > 0 and round(self.unseen_fraction * self.num_clients) < 1:
-            raise ConfigError(
-                f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
-                f"{self.num_clients} clients leaves no unseen client."
-            )
-        if not 0.0 < self.adapt_fraction < 1.0:
-            raise ConfigError(
-                f"run-config key 'adapt-fraction' = {self.adapt_fraction} must be in (0, 1)."
-            )
-        if not 0.0 <= self.shift_fraction <= 1.0:
-            raise ConfigError(
-                f"run-config key 'shift-fraction' = {self.shift_fraction} must be in [0, 1]."
-            )
-        try:
-            parse_transforms(self.shift_transforms)
-        except ValueError as error:
-            raise ConfigError(f"run-config key 'shift-transforms': {error}.") from error
-        if self.joint_shift and DATASETS[self.dataset].image_shape is None:
-            images = [n for n, info in DATASETS.items() if info.image_shape is not None]
-            raise ConfigError(
-                f"run-config key 'joint-shift' = true needs an image data set; "
-                f"dataset='{self.dataset}' is not one ({', '.join(images)} are)."
-            )
-        if algorithm in MIXTURE_ALGORITHMS and self.is_linear:
-            raise ConfigError(
-                f"run-config key 'algorithm' = '{self.algorithm}' has no linear variant."
-            )
-        if algorithm is Algorithm.FEDGMM and self.embedding == "resnet18":
-            if not self.gmm_encoder_weights:
-                raise ConfigError(
-                    "run-config key 'gmm-embedding' = 'resnet18' needs 'gmm-encoder-weights': "
-                    "the path of a torchvision resnet18 state dict on this machine "
-                    "(weights are never downloaded at run time)."
-                )
-            if not Path(self.gmm_encoder_weights).is_file():
-                raise ConfigError(
-                    f"run-config key 'gmm-encoder-weights' = '{self.gmm_encoder_weights}' "
-                    "is not a file; save a resnet18 state dict there first."
-                )
-            if DATASETS[self.dataset].image_shape is None:
-                raise ConfigError("run-config key 'gmm-embedding' = 'resnet18' needs image data.")
-        if algorithm is Algorithm.FEDGMM and self.embedding == "pca":
-            flat = math.prod(self.input_shape)
-            if self.gmm_embedding_dim > flat:
-                raise ConfigError(
-                    f"run-config key 'gmm-embedding-dim' = {self.gmm_embedding_dim} exceeds "
-                    f"the {flat} input dimensions of dataset='{self.dataset}'."
-                )
-
-    @property
-    def is_sheaf(self) -> bool:
-        """True for the decentralized Sheaf-FRL family (no shared model)."""
-        return Algorithm(self.algorithm) in SHEAF_ALGORITHMS
 
     def agent_specs(self) -> list[AgentSpec]:
         """The heterogeneous agents of a Sheaf-FRL run."""
@@ -380,39 +636,135 @@ class RunConfig:
             self.sheaf_density,
         )
 
-    def _validate_sheaf(self) -> None:
-        if not 0.0 <= self.sheaf_shift <= 1.0:
-            raise ConfigError(
-                f"run-config key 'sheaf-shift' = {self.sheaf_shift} must be in [0, 1]."
-            )
-        if not 0.0 < self.sheaf_pilot_fraction < 1.0:
-            raise ConfigError(
-                f"run-config key 'sheaf-pilot-fraction' = {self.sheaf_pilot_fraction} "
-                "must be in (0, 1)."
-            )
-        if not 0.0 < self.sheaf_density <= 1.0:
-            raise ConfigError(
-                f"run-config key 'sheaf-density' = {self.sheaf_density} must be in (0, 1]."
-            )
-        _at_least("sheaf-lambda", self.sheaf_lambda, 0.0)
-        _at_least("sheaf-pilot-batch", self.sheaf_pilot_batch, 1)
-        _positive("sheaf-latent-scale", self.sheaf_latent_scale)
-        _one_of("sheaf-variant", self.sheaf_variant, list(SHEAF_VARIANTS))
-        for key in ("sheaf-latent-dims", "sheaf-hidden"):
-            text = getattr(self, key.replace("-", "_"))
-            try:
-                values = _int_list(text)
-            except ValueError as error:
+    # --------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        """Each group's own checks, then those of keys that depend on each other."""
+        self._check_experiment()
+        self._check_data()
+        self._check_mixture_data()
+        self._check_rounds()
+        self._check_training()
+        self._check_resources()
+        self._check_faults()
+        self._check_linear()
+        self._check_mixtures()
+        self._check_sheaf()
+        self._check_algorithm_fits_data()
+        self._check_partition()
+        self._check_shift()
+        self._check_mixture_run()
+        self._check_sheaf_run()
+        self._check_algorithm_settings()
+
+    def _check_algorithm_settings(self) -> None:
+        for key, setting in algorithms.all_settings().items():
+            why = setting.check(self.algorithm_settings[key])
+            if why is not None:
                 raise ConfigError(
-                    f"run-config key '{key}' = '{text}' must be comma-separated integers."
-                ) from error
-            if values and len(values) != self.num_clients:
+                    f"run-config key '{key}' = {self.algorithm_settings[key]!r} {why}."
+                )
+
+    def _check_algorithm_fits_data(self) -> None:
+        spec = self.spec
+        if self.is_linear:
+            if spec.linear is None:
+                allowed = [s.name for s in algorithms.all_specs() if s.linear is not None]
                 raise ConfigError(
-                    f"run-config key '{key}' lists {len(values)} values for num-clients = "
+                    f"run-config key 'algorithm' = '{self.algorithm}' has no linear "
+                    f"variant; with dataset='linear' choose one of: {', '.join(allowed)}."
+                )
+            if self.model not in ("auto", "linear"):
+                raise ConfigError(
+                    f"run-config key 'model' = '{self.model}' does not fit "
+                    "dataset='linear'; use model='linear' or 'auto'."
+                )
+            return
+        if not spec.deep:
+            raise ConfigError(
+                f"run-config key 'algorithm' = '{self.algorithm}' exists only for the "
+                "linear model; set dataset='linear' or choose fedavg for deep models."
+            )
+        data_shape = self.input_shape
+        if MODEL_INPUTS[self.model_name] not in (None, data_shape):
+            fitting = [m for m, shape in MODEL_INPUTS.items() if shape == data_shape]
+            raise ConfigError(
+                f"run-config key 'model' = '{self.model}' does not take the inputs of "
+                f"dataset='{self.dataset}'; use 'auto' or one of: {', '.join(fitting)}."
+            )
+
+    def _check_partition(self) -> None:
+        if self.is_linear:  # clients draw fresh samples; nothing is partitioned
+            return
+        if self.partitioner == Partitioner.GENERATED and self.dataset != "mnist1d":
+            raise ConfigError(
+                "run-config key 'partitioner' = 'generated' (each client generates its own "
+                f"data) exists for dataset='mnist1d' only, not '{self.dataset}'."
+            )
+        by_classes = (Partitioner.CLASSES, Partitioner.LOGNORMAL, Partitioner.GENERATED)
+        if self.partitioner in by_classes and not (
+            1 <= self.classes_per_client <= self.num_classes
+        ):
+            raise ConfigError(
+                f"run-config key 'classes-per-client' = {self.classes_per_client} must be "
+                f"between 1 and the {self.num_classes} classes of dataset="
+                f"'{self.dataset}'."
+            )
+
+    def _check_shift(self) -> None:
+        if self.joint_shift and DATASETS[self.dataset].image_shape is None:
+            images = [n for n, info in DATASETS.items() if info.image_shape is not None]
+            raise ConfigError(
+                f"run-config key 'joint-shift' = true needs an image data set; "
+                f"dataset='{self.dataset}' is not one ({', '.join(images)} are)."
+            )
+
+    def _check_mixture_run(self) -> None:
+        if self.unseen_fraction > 0 and not self.spec.unseen:
+            allowed = sorted(s.name for s in algorithms.all_specs() if s.unseen)
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' > 0 needs an algorithm that can serve "
+                f"unseen clients ({', '.join(allowed)}), not '{self.algorithm}'."
+            )
+        if self.unseen_fraction > 0 and round(self.unseen_fraction * self.num_clients) < 1:
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
+                f"{self.num_clients} clients leaves no unseen client."
+            )
+        if self.algorithm != GMM_ALGORITHM:
+            return
+        if self.embedding == Embedding.RESNET18:
+            if not self.gmm_encoder_weights:
+                raise ConfigError(
+                    "run-config key 'gmm-embedding' = 'resnet18' needs 'gmm-encoder-weights': "
+                    "the path of a torchvision resnet18 state dict on this machine "
+                    "(weights are never downloaded at run time)."
+                )
+            if not Path(self.gmm_encoder_weights).is_file():
+                raise ConfigError(
+                    f"run-config key 'gmm-encoder-weights' = '{self.gmm_encoder_weights}' "
+                    "is not a file; save a resnet18 state dict there first."
+                )
+            if DATASETS[self.dataset].image_shape is None:
+                raise ConfigError("run-config key 'gmm-embedding' = 'resnet18' needs image data.")
+        if self.embedding == Embedding.PCA:
+            flat = math.prod(self.input_shape)
+            if self.gmm_embedding_dim > flat:
+                raise ConfigError(
+                    f"run-config key 'gmm-embedding-dim' = {self.gmm_embedding_dim} exceeds "
+                    f"the {flat} input dimensions of dataset='{self.dataset}'."
+                )
+
+    def _check_sheaf_run(self) -> None:
+        for key, text in (
+            ("sheaf-latent-dims", self.sheaf_latent_dims),
+            ("sheaf-hidden", self.sheaf_hidden),
+        ):
+            count = len(_int_list(text))
+            if count and count != self.num_clients:
+                raise ConfigError(
+                    f"run-config key '{key}' lists {count} values for num-clients = "
                     f"{self.num_clients} agents; give one per agent or leave it empty."
                 )
-            if any(v < 1 for v in values):
-                raise ConfigError(f"run-config key '{key}' = '{text}' must be positive.")
         if not self.is_sheaf:
             return
         if self.dataset not in SHEAF_DATASETS:
@@ -423,29 +775,146 @@ class RunConfig:
         if self.num_clients < 2:
             raise ConfigError("Sheaf-FRL needs num-clients >= 2 agents on a graph.")
         dims = {spec.latent for spec in self.agent_specs()}
-        if self.sheaf_variant != "heterogeneous" and len(dims) > 1:
+        if self.sheaf_variant != SheafVariant.HETEROGENEOUS and len(dims) > 1:
             raise ConfigError(
                 f"run-config key 'sheaf-variant' = '{self.sheaf_variant}' needs equal latent "
                 f"dimensions, found {sorted(dims)}; set 'sheaf-latent-dims' or use 'heterogeneous'."
             )
 
-    def _validate_linear(self) -> None:
-        _at_least("linear-dim", self.linear_dim, 1)
-        _at_least("linear-rank", self.linear_rank, 1)
-        _at_least("linear-samples", self.linear_samples, 1)
-        _at_least("linear-head-steps", self.linear_head_steps, 0)
-        _at_least("linear-noise-std", self.linear_noise_std, 0.0)
-        _positive("linear-lr", self.linear_lr)
-        _positive("linear-head-lr", self.linear_head_lr)
-        if self.linear_rank > self.linear_dim:
+
+# ------------------------------------------------------------------------- schema
+@dataclass(frozen=True)
+class Key:
+    """One run-config key as the schema declares it.
+
+    Parameters
+    ----------
+    key : str
+        The kebab-case key (``num-clients``).
+    attribute : str
+        The ``RunConfig`` attribute (``num_clients``).
+    group : str
+        The name of its group in ``GROUPS``.
+    kind : type
+        ``int``, ``float``, ``str``, ``bool``, or a ``StrEnum`` of the allowed values.
+    default : Any
+        The default, as the attribute holds it.
+    description : str
+        What the key means, one line.
+    choices : tuple of str
+        The allowed values (empty: any value of the type).
+    """
+
+    key: str
+    attribute: str
+    group: str
+    kind: type
+    default: Any
+    description: str
+    choices: tuple[str, ...]
+
+    @property
+    def type_name(self) -> str:
+        """The TOML type of the key's values."""
+        return "str" if issubclass(self.kind, StrEnum) else self.kind.__name__
+
+    @property
+    def toml_default(self) -> str:
+        """The default as a TOML literal (``"fedrep"``, ``100``, ``0.5``, ``false``)."""
+        return _toml(self.default)
+
+    def parse(self, value: Any) -> Any:
+        """``value`` (a TOML scalar) as the attribute's type.
+
+        Raises
+        ------
+        ConfigError
+            On a value of the wrong type, or not among the allowed values.
+        """
+        if issubclass(self.kind, StrEnum) or self.choices:
+            text = self._coerce(value, str)
+            if text not in self.choices:
+                raise ConfigError(
+                    f"run-config key '{self.key}' = '{text}' is not allowed; choose one of: "
+                    f"{', '.join(self.choices)}."
+                )
+            return self.kind(text)
+        return self._coerce(value, self.kind)
+
+    def _coerce(self, value: Any, kind: type) -> Any:
+        if kind is bool and not isinstance(value, bool):
             raise ConfigError(
-                f"run-config key 'linear-rank' = {self.linear_rank} exceeds "
-                f"'linear-dim' = {self.linear_dim}; the representation is d x k, k <= d."
+                f"run-config key '{self.key}' = {value!r} has type {type(value).__name__}; "
+                "it must be bool (true or false)."
             )
+        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"run-config key '{self.key}' = {value} must be a finite number.")
+            return float(value)
+        if kind is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+        raise ConfigError(
+            f"run-config key '{self.key}' = {value!r} has type {type(value).__name__}; "
+            f"it must be {kind.__name__}."
+        )
+
+
+ALGORITHM_GROUP = "algorithms"  # keys that rows of the algorithm table declare themselves
+
+
+def schema() -> dict[str, Key]:
+    """Every run-config key, by key: the core keys grouped in the order of ``GROUPS``,
+    then the keys that registered algorithms declare (``AlgorithmSpec.settings``)."""
+    declared = {
+        setting.key: Key(
+            key=setting.key,
+            attribute=setting.key.replace("-", "_"),
+            group=ALGORITHM_GROUP,
+            kind=type(setting.default),
+            default=setting.default,
+            description=setting.description,
+            choices=setting.choices,
+        )
+        for setting in algorithms.all_settings().values()
+        if setting.key not in core_schema()
+    }
+    return {**core_schema(), **declared}
+
+
+@functools.cache
+def core_schema() -> dict[str, Key]:
+    """The keys every run has, by key, grouped and in the order of ``GROUPS``."""
+    settings: dict[str, Key] = {}
+    for group, cls in GROUPS.items():
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            choices = f.metadata[_CHOICES]
+            if issubclass(kind, StrEnum):
+                choices = tuple(member.value for member in kind)
+            key = f.name.replace("_", "-")
+            settings[key] = Key(
+                key=key,
+                attribute=f.name,
+                group=group,
+                kind=kind,
+                default=f.default,
+                description=f.metadata[_DESCRIPTION],
+                choices=choices,
+            )
+    return settings
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every key's default as a plain TOML value, in the order of ``GROUPS``."""
+    return {key: _plain(s.default) for key, s in schema().items()}
 
 
 def default_run_config(pyproject: Path = PYPROJECT) -> dict[str, Any]:
-    """The defaults of ``[tool.flwr.app.config]`` (for launchers and tests)."""
+    """The defaults of ``[tool.flwr.app.config]``, as Flower reads them (for launchers
+    and tests); a test keeps them equal to ``schema_defaults()``."""
     with pyproject.open("rb") as handle:
         return dict(tomllib.load(handle)["tool"]["flwr"]["app"]["config"])
 
@@ -462,57 +931,98 @@ def load_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
     return RunConfig.from_mapping(merged)
 
 
-# ----------------------------------------------------------------------- helpers
-def _coerce(name: str, value: Any, annotation: Any) -> Any:
-    key = name.replace("_", "-")
-    kind = {"int": int, "float": float, "str": str, "bool": bool}[str(annotation)]
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(
-            f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
-            "it must be bool (true or false)."
-        )
-    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(float(value)):
-            raise ConfigError(f"run-config key '{key}' = {value} must be a finite number.")
-        return float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise ConfigError(
-        f"run-config key '{key}' = {value!r} has type {type(value).__name__}; "
-        f"it must be {kind.__name__}."
+# -------------------------------------------------------------------- renderings
+def pyproject_table() -> str:
+    """The ``[tool.flwr.app.config]`` table of pyproject.toml: every key and its default,
+    a comment heading each group."""
+    blocks = []
+    for group, summary in _group_summaries().items():
+        summary = summary.rstrip(".")
+        lines = [f"# {group}: {summary[0].lower()}{summary[1:]}"]
+        lines += [f"{s.key} = {s.toml_default}" for s in schema().values() if s.group == group]
+        blocks.append("\n".join(lines))
+    return "[tool.flwr.app.config]\n" + "\n\n".join(blocks) + "\n"
+
+
+def markdown_reference() -> str:
+    """The configuration reference of README.md: one table per group."""
+    blocks = []
+    for group, summary in _group_summaries().items():
+        rows = [
+            f"### {group.capitalize()}",
+            "",
+            summary,
+            "",
+            "| key | type | default | allowed | description |",
+            "|---|---|---|---|---|",
+        ]
+        for s in schema().values():
+            if s.group == group:
+                allowed = ", ".join(f"`{choice}`" for choice in s.choices)
+                description = s.description.replace("|", "\\|")
+                rows.append(
+                    f"| `{s.key}` | {s.type_name} | `{s.toml_default}` | {allowed} | "
+                    f"{description} |"
+                )
+        blocks.append("\n".join(rows))
+    return "\n\n".join(blocks) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedpers.config {pyproject,markdown}``: print a rendering of the schema."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fedpers.config",
+        description="Print the run-config schema: the [tool.flwr.app.config] table of "
+        "pyproject.toml, or the configuration reference of README.md.",
     )
+    parser.add_argument("format", choices=("pyproject", "markdown"))
+    args = parser.parse_args(argv)
+    sys.stdout.write(pyproject_table() if args.format == "pyproject" else markdown_reference())
+    return 0
 
 
-FAULT_KINDS = ("raise", "sleep", "nan", "shape", "dtype")
+# ----------------------------------------------------------------------- helpers
+def _group_summaries() -> dict[str, str]:
+    """Every group that has keys, with the first line of its docstring."""
+    summaries = {group: _summary(cls) for group, cls in GROUPS.items()}
+    if any(key.group == ALGORITHM_GROUP for key in schema().values()):
+        summaries[ALGORITHM_GROUP] = (
+            "Keys that rows of the algorithm table declare themselves (`fedpers.algorithms`)."
+        )
+    return summaries
 
 
-def parse_faults(spec: str) -> list[tuple[str, int, int | None]]:
-    """``"raise:3@2,nan:5"`` -> ``[("raise", 3, 2), ("nan", 5, None)]`` (clients/faults.py)."""
-    faults = []
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, _, target = item.partition(":")
-        partition, _, at = target.partition("@")
-        if kind not in FAULT_KINDS or not partition.isdigit() or (at and not at.isdigit()):
-            raise ValueError(
-                f"entry '{item}' is not kind:partition[@round], kind one of "
-                f"{', '.join(FAULT_KINDS)}"
-            )
-        faults.append((kind, int(partition), int(at) if at else None))
-    return faults
+def _summary(cls: type) -> str:
+    """The first line of a group's docstring."""
+    return (cls.__doc__ or "").strip().splitlines()[0]
+
+
+def _plain(value: Any) -> Any:
+    """A StrEnum member as its plain string; any other value unchanged."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(_plain(value))
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def _one_of(key: str, value: str, allowed: list[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(
-            f"run-config key '{key}' = '{value}' is not allowed; choose one of: "
-            f"{', '.join(allowed)}."
-        )
+def _within(key: str, value: float, interval: str) -> None:
+    """Check ``value`` against an interval written ``[0, 1)``, ``(0, 1]``, ..."""
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    above = value >= low if interval[0] == "[" else value > low
+    below = value <= high if interval[-1] == "]" else value < high
+    if not (above and below):
+        raise ConfigError(f"run-config key '{key}' = {value} must be in {interval}.")
 
 
 def _at_least(key: str, value: float, low: float) -> None:
@@ -523,3 +1033,7 @@ def _at_least(key: str, value: float, low: float) -> None:
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"run-config key '{key}' = {value} must be greater than 0.")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

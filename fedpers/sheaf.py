@@ -23,9 +23,14 @@ keeps ``lambda`` comparable across edges of different sizes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported only where the training penalty needs it
+    import torch
 
 EIGENVALUE_FLOOR = 1e-2
 
@@ -162,6 +167,29 @@ def gluing_penalty(small: np.ndarray, large: np.ndarray, restriction: np.ndarray
     k, d_small = small.shape
     residual = transport_down(large, restriction) - small
     return float(np.sum(residual**2) / (2 * k * d_small))
+
+
+def gluing_penalty_torch(
+    own: torch.Tensor, edges: Sequence[tuple[torch.Tensor, torch.Tensor | None]]
+) -> torch.Tensor:
+    """An agent's summed gluing penalty on a batch of pilots, differentiable in ``own``.
+
+    ``own`` (B x d) are this agent's whitened latents of a batch of pilots; each edge is
+    ``(target, restriction)`` with ``target`` (B x d_t) the neighbour's pilots of the same
+    batch already in the frame they are compared in. The edge's term is
+    ``||own R - target||_F^2 / (2 B d_t)`` with ``R = restriction`` (or the identity when
+    None), so it equals ``gluing_penalty``: on the small side of ``a -> b``, ``own = w_a``
+    with ``target = w_b V`` and no restriction; on the large side ``own = w_b`` with
+    ``R = V`` and ``target = w_a``. Terms are added in ``edges``' order to a float32 zero.
+    """
+    import torch
+
+    total = torch.zeros(())
+    for target, restriction in edges:
+        mine = own if restriction is None else own @ restriction
+        residual = mine - target
+        total = total + residual.pow(2).sum() / (2 * len(residual) * residual.shape[1])
+    return total
 
 
 # ------------------------------------------------------------------ whitening

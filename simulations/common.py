@@ -36,6 +36,28 @@ def output_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def config_help(key: str) -> str:
+    """The ``--help`` text of a flag that sets run-config key ``key``: the schema's
+    description, allowed values and default, so that a script says what the README says.
+
+    Raises
+    ------
+    KeyError
+        If ``key`` is not a run-config key.
+    """
+    from fedpers.config import schema
+
+    try:
+        setting = schema()[key]
+    except KeyError:
+        raise KeyError(f"'{key}' is not a run-config key (fedpers/config.py)") from None
+    allowed = f", one of {', '.join(setting.choices)}" if setting.choices else ""
+    text = (
+        f"{setting.description} (run-config key '{key}'{allowed}; default {setting.toml_default})"
+    )
+    return text.replace("%", "%%")  # argparse %-formats help strings
+
+
 def parallelism(args: argparse.Namespace) -> int:
     """Runs at a time: the --parallel flag, else 3 for --quick and 1 otherwise."""
     if args.parallel is not None:

@@ -34,7 +34,6 @@ import numpy as np
 from flwr.app import RecordDict
 from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
 
-from clients import client_class
 from fedpers import gmm, protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
@@ -143,7 +142,7 @@ def sample_scores(
     out = {}
     for method in ("fedgmm", "fedem"):
         config, arrays = runs[method]
-        client = client_class(config)(config, 0, RecordDict())
+        client = config.spec.client_class()(config, 0, RecordDict())
         client.load_learners(arrays)
         log_weights = np.log(arrays[protocol.MIXTURE_WEIGHTS])
         log_gauss = client.log_densities(x, arrays)
@@ -156,7 +155,7 @@ def sample_scores(
         else:
             out["fedem"] = probs.max(axis=1)
     config, arrays = runs["fedavg"]
-    client = client_class(config)(config, 0, RecordDict())
+    client = config.spec.client_class()(config, 0, RecordDict())
     client.load_shared(arrays)
     import torch
 

@@ -59,7 +59,7 @@ from simulations.launch import (
     processes_with_home,
     resolved_config,
 )
-from strategies.fedrep import FedRep
+from strategies.base import FedpersStrategy
 
 SIZES = (100, 1000, 5000)
 
@@ -195,9 +195,7 @@ def plain_loop_seconds(config: RunConfig, rounds: list[int]) -> float:
     initial_heads = part_arrays(model, ("head",))
     body = part_arrays(model, ("body",))
     heads: dict[int, dict[str, np.ndarray]] = {}
-    sampler = FedRep(
-        num_nodes=config.num_clients, fraction_train=config.fraction_train, seed=config.seed
-    )
+    sampler = FedpersStrategy(config)
     settings = SGDSettings(config.lr, config.momentum, config.weight_decay, config.batch_size)
     # Warm up as a long-lived actor is: imports, the generator's scale, torch's first step.
     warm = client_data(config, 0)

@@ -16,27 +16,20 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
-from fedpers.protocol import Algorithm
-from strategies.base import FedpersStrategy
+from fedpers.config import RunConfig
+from strategies.base import FedpersStrategy, _mean_metrics
 
 
 class FedEM(FedpersStrategy):
     """Average each learner; keep the global mixture weights from the clients' gammas.
 
-    Parameters
-    ----------
-    learners : int
-        Number of learners M2.
-    **kwargs
-        As for ``FedpersStrategy``.
+    Reads ``mixture-learners`` (M2) besides what ``FedpersStrategy`` reads.
     """
 
-    algorithm = Algorithm.FEDEM
-
-    def __init__(self, *, learners: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.learners = learners
-        self.current = ArrayRecord()
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.learners = run.mixture_learners
+        self.current = ArrayRecord()  # the global arrays a round's aggregation starts from
 
     @property
     def components(self) -> int:
@@ -52,12 +45,12 @@ class FedEM(FedpersStrategy):
         )
         return arrays
 
-    def configure_train(
+    def train_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    ) -> dict[int, RecordDict]:
         """As FedpersStrategy; remembers the arrays the aggregation starts from."""
         self.current = arrays
-        return super().configure_train(server_round, arrays, config, grid)
+        return super().train_contents(server_round, arrays, config, grid)
 
     def learner_weights(self, content: RecordDict) -> np.ndarray:
         """Weight of a client's learners in their averages (M2,): its sample count."""
@@ -85,7 +78,7 @@ class FedEM(FedpersStrategy):
         gammas = [a[protocol.GAMMA].numpy() for a in arrays]
         updated[protocol.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
         updated.update(self.aggregate_components(arrays, gammas))
-        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        metrics = _mean_metrics(contents)
         return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}), metrics
 
     def aggregate_components(

@@ -23,60 +23,33 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
-from fedpers.protocol import Algorithm
+from fedpers.config import Embedding, GmmAggregation, GmmCovariance, RunConfig
+from fedpers.protocol import (
+    PCA_COUNT,
+    PCA_OUTER,
+    PCA_SUM,
+    SUMMARY_CENTROIDS,
+    SUMMARY_COUNTS,
+)
 from strategies.fedem import FedEM
-
-PCA_COUNT = "pca.count"
-PCA_SUM = "pca.sum"
-PCA_OUTER = "pca.outer"
-SUMMARY_CENTROIDS = "summary.centroids"
-SUMMARY_COUNTS = "summary.counts"
 
 
 class FedGMM(FedEM):
     """FedEM plus federated Gaussian components.
 
-    Parameters
-    ----------
-    learners : int
-        Number of learners M2.
-    components : int
-        Number of Gaussian components M1.
-    covariance : str (default: "full")
-        ``full`` or ``diag``.
-    ridge : float (default: 0.01)
-        Added to every covariance's diagonal.
-    aggregation : str (default: "exact")
-        ``exact`` (pooled statistics) or ``average`` (the paper's averaging).
-    embedding : str (default: "identity")
-        ``identity``, ``pca`` or ``resnet18`` (encoder features, then PCA).
-    embedding_dim : int (default: 16)
-        Dimensions kept by the PCA.
-    **kwargs
-        As for ``FedpersStrategy``.
+    Reads ``gmm-components`` (M1), ``gmm-covariance``, ``gmm-ridge``,
+    ``gmm-aggregation`` and ``gmm-embedding``/``gmm-embedding-dim`` besides what
+    ``FedEM`` reads.
     """
 
-    algorithm = Algorithm.FEDGMM
-
-    def __init__(
-        self,
-        *,
-        learners: int,
-        components: int,
-        covariance: str = "full",
-        ridge: float = 0.01,
-        aggregation: str = "exact",
-        embedding: str = "identity",
-        embedding_dim: int = 16,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(learners=learners, **kwargs)
-        self.num_components = components
-        self.covariance = covariance
-        self.ridge = ridge
-        self.aggregation = aggregation
-        self.embedding = embedding
-        self.embedding_dim = embedding_dim
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.num_components = run.gmm_components
+        self.covariance = run.gmm_covariance
+        self.ridge = run.gmm_ridge
+        self.aggregation = run.gmm_aggregation
+        self.embedding = run.embedding
+        self.embedding_dim = run.gmm_embedding_dim
 
     @property
     def components(self) -> int:
@@ -91,10 +64,8 @@ class FedGMM(FedEM):
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """Learners and uniform weights (FedEM), then the shared initial components."""
         arrays = super().initial_arrays(grid, timeout=timeout)
-        nodes = [self.node_of_partition[p] for p in self.seen]
-        if self.embedding != "identity":
-            replies = self.query(grid, protocol.QUERY_PCA, nodes, timeout=timeout)
-            moments = [r.content.array_records[protocol.ARRAYS] for r in replies]
+        if self.embedding != Embedding.IDENTITY:
+            moments = self._ask(grid, protocol.QUERY_PCA, RecordDict(), timeout)
             mean, directions = gmm.pca_from_moments(
                 float(sum(m[PCA_COUNT].numpy()[0] for m in moments)),
                 np.sum([m[PCA_SUM].numpy() for m in moments], axis=0),
@@ -103,26 +74,34 @@ class FedGMM(FedEM):
             )
             arrays[protocol.PCA_MEAN] = Array(mean)
             arrays[protocol.PCA_DIRECTIONS] = Array(np.ascontiguousarray(directions))
-        content = RecordDict({protocol.ARRAYS: arrays})
-        summaries = self.query(
-            grid, protocol.QUERY_SUMMARY, nodes, timeout=timeout, content=content
+        records = self._ask(
+            grid, protocol.QUERY_SUMMARY, RecordDict({protocol.ARRAYS: arrays}), timeout
         )
-        records = [r.content.array_records[protocol.ARRAYS] for r in summaries]
         means = gmm.initial_means(
             np.concatenate([r[SUMMARY_CENTROIDS].numpy() for r in records]),
             np.concatenate([r[SUMMARY_COUNTS].numpy() for r in records]),
             self.num_components,
-            self.seed,
+            self.run.seed,
         )
         arrays[protocol.GMM_MEANS] = Array(np.ascontiguousarray(means))
-        content = RecordDict({protocol.ARRAYS: arrays})
-        assigned = self.query(grid, protocol.QUERY_ASSIGN, nodes, timeout=timeout, content=content)
-        pooled = _pooled([r.content.array_records[protocol.ARRAYS] for r in assigned], means)
+        assigned = self._ask(
+            grid, protocol.QUERY_ASSIGN, RecordDict({protocol.ARRAYS: arrays}), timeout
+        )
+        pooled = _pooled(assigned, means)
         start = gmm.components_from_statistics(
             pooled, ridge=self.ridge, previous=_fallback(means, self.covariance)
         )
         arrays[protocol.GMM_COVARIANCES] = Array(np.ascontiguousarray(start.covariances))
         return arrays
+
+    def _ask(
+        self, grid: Grid, query: str, content: RecordDict, timeout: float
+    ) -> list[ArrayRecord]:
+        """Every seen client's answer to an initialization query, in partition order."""
+        replies = self.federation.broadcast(
+            grid, query, self.seen, content, timeout=timeout
+        ).require_all()
+        return [replies[p].array_records[protocol.ARRAYS] for p in self.seen]
 
     # ---------------------------------------------------------------- aggregation
     def aggregate_components(
@@ -133,7 +112,7 @@ class FedGMM(FedEM):
             self.current[protocol.GMM_MEANS].numpy(),
             self.current[protocol.GMM_COVARIANCES].numpy(),
         )
-        if self.aggregation == "exact":
+        if self.aggregation == GmmAggregation.EXACT:
             new = gmm.components_from_statistics(
                 _pooled(arrays, previous.means), ridge=self.ridge, previous=previous
             )
@@ -168,5 +147,9 @@ def _pooled(arrays: list[ArrayRecord], center: np.ndarray) -> gmm.Statistics:
 def _fallback(means: np.ndarray, covariance: str) -> gmm.Components:
     """Unit covariances, for a component no client sample is nearest to."""
     d = means.shape[1]
-    unit = np.stack([np.eye(d)] * len(means)) if covariance == "full" else np.ones_like(means)
+    unit = (
+        np.stack([np.eye(d)] * len(means))
+        if covariance == GmmCovariance.FULL
+        else np.ones_like(means)
+    )
     return gmm.Components(means, unit)

@@ -12,36 +12,20 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 
-from fedpers.protocol import Algorithm
+from fedpers.protocol import LINEAR_BODY, LINEAR_HEAD
 from strategies.base import FedpersStrategy
-from strategies.fedrep import BODY, moments_representation
-
-HEAD = "head.weight"
+from strategies.fedrep import moments_representation
 
 
 class FedSGD(FedpersStrategy):
-    """Average the whole linear model after one local gradient step.
-
-    Parameters
-    ----------
-    rank : int
-        Dimension ``k`` of the representation.
-    **kwargs
-        As for ``FedpersStrategy``.
-    """
-
-    algorithm = Algorithm.FEDSGD
-
-    def __init__(self, *, rank: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.rank = rank
+    """Average the whole linear model after one local gradient step."""
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """Method-of-Moments ``B`` and a zero head."""
-        initial = moments_representation(self, grid, self.rank, timeout=timeout)
+        initial = moments_representation(self, grid, timeout=timeout)
         return ArrayRecord(
             {
-                BODY: Array(np.ascontiguousarray(initial.T)),
-                HEAD: Array(np.zeros((1, self.rank))),
+                LINEAR_BODY: Array(np.ascontiguousarray(initial.T)),
+                LINEAR_HEAD: Array(np.zeros((1, self.run.linear_rank))),
             }
         )

@@ -38,8 +38,9 @@ from flwr.app import (
 from flwr.serverapp import Grid
 
 from fedpers import protocol, sheaf
-from fedpers.protocol import Algorithm
-from strategies.base import FedpersStrategy
+from fedpers.config import RunConfig, SheafVariant
+from fedpers.protocol import CommunicationTest, Whitening
+from strategies.base import FedpersStrategy, _mean_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,45 +48,36 @@ logger = logging.getLogger(__name__)
 class PeerRelay(FedpersStrategy):
     """Relay pilots between graph neighbours; every agent trains every round.
 
-    Parameters
+    Reads the graph (``num-clients``, ``sheaf-density``, ``seed``: the same graph on
+    every party), ``sheaf-variant`` and ``round-timeout`` besides what
+    ``FedpersStrategy`` reads.
+
+    Attributes
     ----------
-    edges : list of (int, int)
-        The oriented communication graph (agents are partition ids).
-    variant : str (default: "heterogeneous")
-        ``heterogeneous``, ``homogeneous`` or ``private`` (see the module docstring).
-    cooperative : bool (default: True)
-        False for the lambda = 0 baseline: no pilots are exchanged while training.
-    whitening_modes : tuple of str (default: ("pilots",))
+    cooperative : bool
+        False for the lambda = 0 baseline (``NonCooperative``): no pilots are
+        exchanged while training.
+    whitening_modes : tuple of Whitening
         Whitenings under which communication accuracy is measured at the end:
         ``pilots`` (Sheaf-FRL's) and/or ``train`` (the paper's baseline).
-    **kwargs
-        As for ``FedpersStrategy``.
     """
 
-    algorithm = Algorithm.SHEAF_FRL
+    cooperative = True
+    whitening_modes: tuple[Whitening, ...] = (Whitening.PILOTS,)
 
-    def __init__(
-        self,
-        *,
-        edges: list[tuple[int, int]],
-        variant: str = "heterogeneous",
-        cooperative: bool = True,
-        whitening_modes: tuple[str, ...] = ("pilots",),
-        **kwargs: object,
-    ) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.edges = edges
-        self.variant = variant
-        self.cooperative = cooperative
-        self.whitening_modes = whitening_modes
-        self.neighbours = {i: sheaf.neighbours(edges, i) for i in range(self.num_nodes)}
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.edges = run.sheaf_graph()
+        self.variant = run.sheaf_variant
+        self.timeout = run.round_timeout
+        self.agents = list(range(run.num_clients))
+        self.neighbours = {i: sheaf.neighbours(self.edges, i) for i in self.agents}
         self.bytes_sent: dict[int, int] = {}
         self.private_accuracy: dict[int, float] = {}
-        self.timeout = 600.0
 
     def sample(self, server_round: int) -> list[int]:
         """Every agent, every round."""
-        return list(range(self.num_nodes))
+        return self.agents
 
     # --------------------------------------------------------------- exchanges
     def _exchange(
@@ -95,79 +87,47 @@ class PeerRelay(FedpersStrategy):
         contents: dict[int, RecordDict],
         server_round: int,
     ) -> dict[int, ArrayRecord]:
-        """Send each agent its content, return each agent's reply arrays; count bytes."""
-        replies = self.query_each(grid, message_type, contents, timeout=self.timeout)
-        for record in [*contents.values(), *(r for r in replies.values())]:
+        """Send each agent its content, return each agent's reply arrays; count bytes.
+        Every agent must answer."""
+        replies = self.federation.exchange(
+            grid, message_type, contents, timeout=self.timeout
+        ).require_all()
+        for record in [*contents.values(), *replies.values()]:
             for arrays in record.array_records.values():
                 self._count(server_round, arrays.count_bytes())
         return {p: r.array_records.get(protocol.ARRAYS, ArrayRecord()) for p, r in replies.items()}
 
-    def query_each(
-        self, grid: Grid, message_type: str, contents: dict[int, RecordDict], *, timeout: float
-    ) -> dict[int, RecordDict]:
-        """One query per agent with its own content; every agent must answer."""
-        partitions = sorted(contents)
-        nodes = [self.node_of_partition[p] for p in partitions]
-        messages = [
-            Message(content=contents[p], message_type=message_type, dst_node_id=n)
-            for p, n in zip(partitions, nodes, strict=True)
-        ]
-        by_node = {
-            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
-        }
-        failed = [
-            p
-            for p, n in zip(partitions, nodes, strict=True)
-            if n not in by_node or by_node[n].has_error()
-        ]
-        if failed:
-            reasons = [
-                by_node[self.node_of_partition[p]].error.reason
-                if self.node_of_partition[p] in by_node
-                else "no reply"
-                for p in failed
-            ]
-            raise RuntimeError(f"{message_type} failed for agents {failed}: {reasons[:3]}")
-        return {p: by_node[n].content for p, n in zip(partitions, nodes, strict=True)}
-
     def _count(self, server_round: int, count: int) -> None:
         self.bytes_sent[server_round] = self.bytes_sent.get(server_round, 0) + count
 
-    # ------------------------------------------------------------ Flower hooks
+    # ------------------------------------------------------------------- hooks
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """No model is shared: the global arrays stay empty."""
-        self.timeout = timeout
         return ArrayRecord()
 
-    def configure_train(
+    def train_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Gather and relay pilots (as the variant says), then TRAIN every agent."""
+    ) -> dict[int, RecordDict]:
+        """Gather and relay pilots (as the variant says); TRAIN every agent with what
+        its neighbours sent."""
         config[protocol.ROUND] = server_round
         relayed = self._relay(server_round, config, grid) if self.cooperative else {}
-        messages = []
-        for agent in range(self.num_nodes):
+        contents = {}
+        for agent in self.agents:
             record = ArrayRecord(relayed.get(agent, {}))
             self._count(server_round, record.count_bytes())
-            content = RecordDict(
+            contents[agent] = RecordDict(
                 {protocol.ARRAYS: record, protocol.CONFIG: ConfigRecord(dict(config))}
             )
-            messages.append(
-                Message(
-                    content=content,
-                    message_type=MessageType.TRAIN,
-                    dst_node_id=self.node_of_partition[agent],
-                )
-            )
-        return messages
+        return contents
 
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid
     ) -> dict[int, dict[str, Array]]:
         """What each agent receives with its TRAIN message."""
-        everyone = range(self.num_nodes)
+        everyone = self.agents
         empty = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in everyone}
-        if self.variant == "heterogeneous":
+        if self.variant == SheafVariant.HETEROGENEOUS:
             pilots = self._exchange(grid, protocol.QUERY_PILOTS, empty, server_round)
             return {
                 i: {
@@ -176,7 +136,7 @@ class PeerRelay(FedpersStrategy):
                 }
                 for i in everyone
             }
-        if self.variant == "homogeneous":
+        if self.variant == SheafVariant.HOMOGENEOUS:
             targets = sorted({b for _, b in self.edges})
             pilots = self._exchange(
                 grid, protocol.QUERY_PILOTS, {p: empty[p] for p in targets}, server_round
@@ -207,7 +167,11 @@ class PeerRelay(FedpersStrategy):
         # private: each agent sends its pilots transported into each neighbour's frame
         contents = {
             p: RecordDict(
-                {protocol.CONFIG: ConfigRecord({"neighbours": self.neighbours[p] or [-1]})}
+                {
+                    protocol.ARRAYS: ArrayRecord(
+                        {protocol.NEIGHBOURS: Array(np.array(self.neighbours[p], dtype=np.int64))}
+                    )
+                }
             )
             for p in everyone
         }
@@ -230,20 +194,17 @@ class PeerRelay(FedpersStrategy):
         for reply in valid:
             for arrays in reply.content.array_records.values():
                 self._count(server_round, arrays.count_bytes())
-        if not valid:
-            return None, None
-        return None, self.train_metrics_aggr_fn([r.content for r in valid], self.weighted_by_key)
+        return None, _mean_metrics([r.content for r in valid])
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values."""
         replies = list(replies)
-        partition_of = {n: p for p, n in self.node_of_partition.items()}
         for reply in replies:
             if not reply.has_error():
                 accuracy = reply.content.metric_records[protocol.METRICS][protocol.ACCURACY]
-                self.private_accuracy[partition_of[reply.metadata.src_node_id]] = float(accuracy)  # type: ignore[arg-type]
+                self.private_accuracy[self.federation.partition(reply)] = float(accuracy)  # type: ignore[arg-type]
         return super().aggregate_evaluate(server_round, replies)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
@@ -251,7 +212,7 @@ class PeerRelay(FedpersStrategy):
         return {"bytes": float(self.bytes_sent.get(server_round, 0))}
 
     # -------------------------------------------------------------- final test
-    def final_evaluation(
+    def final_test(
         self,
         grid: Grid,
         arrays: ArrayRecord,
@@ -259,17 +220,19 @@ class PeerRelay(FedpersStrategy):
         *,
         server_round: int,
         timeout: float,
-    ) -> tuple[str, MetricRecord] | None:
+    ) -> CommunicationTest:
         """Communication accuracy of every directed edge, per whitening mode."""
-        metrics: dict[str, float] = {}
-        for agent, accuracy in self.private_accuracy.items():
-            metrics[f"private.{agent}"] = accuracy
+        result = CommunicationTest(private=dict(self.private_accuracy))
         for mode in self.whitening_modes:
-            mode_config = ConfigRecord({protocol.WHITENING: mode, protocol.ROUND: server_round})
-            ask = {p: RecordDict({protocol.CONFIG: mode_config}) for p in range(self.num_nodes)}
-            shared = self.query_each(grid, protocol.QUERY_LATENTS, ask, timeout=timeout)
+            mode_config = ConfigRecord(
+                {protocol.WHITENING: mode.value, protocol.ROUND: server_round}
+            )
+            ask = {p: RecordDict({protocol.CONFIG: mode_config}) for p in self.agents}
+            shared = self.federation.exchange(
+                grid, protocol.QUERY_LATENTS, ask, timeout=timeout
+            ).require_all()
             tests = {}
-            for receiver in range(self.num_nodes):
+            for receiver in self.agents:
                 relayed = {}
                 for sender in self.neighbours[receiver]:
                     sent = shared[sender].array_records[protocol.ARRAYS]
@@ -277,7 +240,7 @@ class PeerRelay(FedpersStrategy):
                         relayed[protocol.from_agent(name, sender)] = sent[name]
                 config_record = ConfigRecord(
                     {
-                        protocol.WHITENING: mode,
+                        protocol.WHITENING: mode.value,
                         protocol.COMMUNICATION: 1,
                         protocol.ROUND: server_round,
                     }
@@ -285,43 +248,28 @@ class PeerRelay(FedpersStrategy):
                 tests[receiver] = RecordDict(
                     {protocol.ARRAYS: ArrayRecord(relayed), protocol.CONFIG: config_record}
                 )
-            results = self._evaluate_each(grid, tests, timeout=timeout)
+            exchange = self.federation.exchange(grid, MessageType.EVALUATE, tests, timeout=timeout)
+            for agent, reason in sorted(exchange.failures.items()):
+                logger.warning("communication test of agent %d failed: %s", agent, reason)
+            edges: dict[tuple[int, int], float] = {}
             per_receiver = []
-            for receiver, values in results.items():
+            for receiver, content in exchange.ok().items():
+                values = content.metric_records[protocol.METRICS]
                 for key, value in values.items():
-                    if key.startswith("edge."):
-                        metrics[f"{mode}.{key.split('.', 1)[1]}->{receiver}"] = float(value)  # type: ignore[arg-type]
+                    if (source := protocol.edge_sender(key)) is not None:
+                        edges[(source, receiver)] = float(value)  # type: ignore[arg-type]
                 if np.isfinite(float(values[protocol.ACCURACY])):  # type: ignore[arg-type]
                     per_receiver.append(float(values[protocol.ACCURACY]))  # type: ignore[arg-type]
-            metrics[f"communication.{mode}"] = (
+            result.edges[mode.value] = edges
+            result.by_whitening[mode.value] = (
                 float(np.mean(per_receiver)) if per_receiver else float("nan")
             )
-        return "communication", MetricRecord(metrics)  # type: ignore[arg-type]
+        return result
 
-    def _evaluate_each(
-        self, grid: Grid, contents: dict[int, RecordDict], *, timeout: float
-    ) -> dict[int, MetricRecord]:
-        partitions = sorted(contents)
-        messages = [
-            Message(
-                content=contents[p],
-                message_type=MessageType.EVALUATE,
-                dst_node_id=self.node_of_partition[p],
-            )
-            for p in partitions
-        ]
-        by_node = {
-            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
-        }
-        out = {}
-        for p in partitions:
-            reply = by_node.get(self.node_of_partition[p])
-            if reply is None or reply.has_error():
-                logger.warning(
-                    "communication test of agent %d failed: %s",
-                    p,
-                    reply.error.reason if reply else "no reply",
-                )
-                continue
-            out[p] = reply.content.metric_records[protocol.METRICS]
-        return out
+
+class NonCooperative(PeerRelay):
+    """Sheaf-FRL's lambda = 0 baseline: nothing exchanged while training; aligned after
+    training, whitened on the training latents (the paper's) or on the pilots."""
+
+    cooperative = False
+    whitening_modes = (Whitening.TRAIN, Whitening.PILOTS)

@@ -16,9 +16,10 @@ from fedpers.checkpoint import load_checkpoint, save_checkpoint
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
 from fedpers.logs import route_to_flower
+from fedpers.protocol import CommunicationTest, FinalTestResult, FinetunedTest, UnseenTest
 from fedpers.results import RoundRecord, RunRecorder, final_mean, run_directory, write_json
 from strategies import build_strategy
-from strategies.base import EvaluateFn
+from strategies.rounds import EvaluateFn
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
@@ -56,7 +57,7 @@ def main(grid: Grid, context: Context) -> None:
     evaluate_fn = _distance_to_truth(config) if config.is_linear else None
     evaluate_config = _evaluate_config(config)
     try:
-        strategy.connect(grid, timeout=config.node_wait_timeout)
+        strategy.federation.connect(grid, timeout=config.node_wait_timeout)
         partitions_known = time.time()
         if config.resume:
             initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
@@ -77,7 +78,7 @@ def main(grid: Grid, context: Context) -> None:
             on_round=recorder.record,
             on_checkpoint=lambda server_round, arrays: _checkpoint(directory, server_round, arrays),
         )
-        final = strategy.final_evaluation(
+        final = strategy.final_test(
             grid,
             result.arrays,
             evaluate_config,
@@ -102,16 +103,10 @@ def main(grid: Grid, context: Context) -> None:
     else:
         before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
         summary = {"final_accuracy": before}
-        if final is not None:
-            kind, metrics = final
-            accuracy = float(metrics[protocol.ACCURACY])  # type: ignore[arg-type]
-            if kind == "finetuned":
-                summary = {
-                    "final_accuracy": accuracy,
-                    "final_accuracy_before_finetune": before,
-                }
-            else:
-                summary = {"final_accuracy": before, "unseen_accuracy": accuracy}
+        if isinstance(final, FinetunedTest):
+            summary = {"final_accuracy": final.accuracy, "final_accuracy_before_finetune": before}
+        elif isinstance(final, UnseenTest):
+            summary["unseen_accuracy"] = final.accuracy
         mixture = [r.train.get(protocol.LOG_LIKELIHOOD) for r in recorder.records]
         if any(v is not None for v in mixture):
             summary["train_log_likelihood"] = [v for v in mixture if v is not None]
@@ -120,7 +115,7 @@ def main(grid: Grid, context: Context) -> None:
     # where the start-up went (wall clock, seconds since the epoch)
     summary["startup_unix"] = {
         "serverapp_started": serverapp_started,
-        "nodes_registered": strategy.nodes_registered_at,
+        "nodes_registered": strategy.federation.registered_at,
         "partitions_known": partitions_known,
         "rounds_started": rounds_started,
     }
@@ -130,20 +125,20 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def _sheaf_summary(
-    config: RunConfig, records: list[RoundRecord], final: tuple[str, MetricRecord] | None
+    config: RunConfig, records: list[RoundRecord], final: FinalTestResult | None
 ) -> dict[str, object]:
     """Private accuracy (mean over agents, last rounds), communication accuracy per
     whitening, per agent and per directed edge, and bytes per round."""
-    values = {} if final is None else {k: float(v) for k, v in final[1].items()}  # type: ignore[arg-type]
+    test = final if isinstance(final, CommunicationTest) else CommunicationTest()
     return {
         "private_accuracy": final_mean(records, "evaluate.accuracy", config.final_rounds),
-        "communication_accuracy": {
-            k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("communication.")
+        "communication_accuracy": dict(test.by_whitening),
+        "edge_accuracy": {
+            f"{mode}.{sender}->{receiver}": value
+            for mode, edges in test.edges.items()
+            for (sender, receiver), value in edges.items()
         },
-        "edge_accuracy": {k: v for k, v in values.items() if "->" in k},
-        "agent_private_accuracy": {
-            k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("private.")
-        },
+        "agent_private_accuracy": {str(agent): v for agent, v in test.private.items()},
         "bytes_per_round": final_mean(records, "server.bytes", config.num_rounds),
         "edges": [list(e) for e in config.sheaf_graph()],
         "latent_dims": [s.latent for s in config.agent_specs()],
@@ -159,30 +154,21 @@ def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
 
 
 def _train_config(config: RunConfig) -> ConfigRecord:
+    """What the server may change per round travels in the message (the round number is
+    added by the strategy, the learning rate scaled by its schedule); every other
+    setting the clients read from their own typed run configuration."""
     return ConfigRecord(
         {
             protocol.EPOCHS: config.epochs,
             protocol.HEAD_EPOCHS: config.head_epochs,
             protocol.LR: config.linear_lr if config.is_linear else config.lr,
-            protocol.MOMENTUM: config.momentum,
-            protocol.WEIGHT_DECAY: config.weight_decay,
-            protocol.BATCH_SIZE: config.batch_size,
-            protocol.LINEAR_HEAD_STEPS: config.linear_head_steps,
-            protocol.LINEAR_HEAD_LR: config.linear_head_lr,
         }
     )
 
 
 def _evaluate_config(config: RunConfig) -> ConfigRecord:
-    return ConfigRecord(
-        {
-            protocol.FINETUNE_EPOCHS: 0,
-            protocol.LR: config.lr,
-            protocol.MOMENTUM: config.momentum,
-            protocol.WEIGHT_DECAY: config.weight_decay,
-            protocol.BATCH_SIZE: config.batch_size,
-        }
-    )
+    """Evaluation fine-tunes nothing, except in a final test that says so."""
+    return ConfigRecord({protocol.FINETUNE_EPOCHS: 0, protocol.LR: config.lr})
 
 
 def _distance_to_truth(config: RunConfig) -> EvaluateFn:
@@ -196,7 +182,7 @@ def _distance_to_truth(config: RunConfig) -> EvaluateFn:
     ).representation
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        estimate = arrays["body.weight"].numpy().T
+        estimate = arrays[protocol.LINEAR_BODY].numpy().T
         return MetricRecord({DISTANCE: linear.principal_angle_distance(estimate, truth)})
 
     return evaluate

@@ -14,7 +14,7 @@ from typing import Any
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedpers.config import default_run_config
+from fedpers.config import RunConfig, default_run_config
 
 SERVER_NODE = 1
 
@@ -103,3 +103,9 @@ class InProcessGrid:
                 reply = Message(Error(code=0, reason=reason), reply_to=message)
             replies.append(reply)
         return replies
+
+
+def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Any:
+    """The client the ClientApp would build for ``partition`` (the row's class)."""
+    cls = run.spec.client_class(linear=run.is_linear)
+    return cls(run, partition, RecordDict() if state is None else state)

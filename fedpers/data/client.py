@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 import numpy as np
 
-from fedpers.config import RunConfig
 from fedpers.data.mixture import MixtureTasks
 from fedpers.data.partition import (
     partition_classes,
@@ -38,6 +38,59 @@ from fedpers.seeding import rng
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
 SHEAF_SPLIT = (0.8, 0.1, 0.1)  # Sheaf-FRL's per-agent split
 _EMPTY = np.zeros((0,), dtype=np.float32)
+
+
+class DataConfig(Protocol):
+    """The run-config attributes that determine every client's data.
+
+    ``fedpers.config.RunConfig`` has them all. Naming them here, read-only, keeps
+    ``fedpers.data`` free of the configuration, which validates against it.
+    """
+
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def data_root(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def partitioner(self) -> str: ...
+    @property
+    def num_clients(self) -> int: ...
+    @property
+    def classes_per_client(self) -> int: ...
+    @property
+    def dirichlet_alpha(self) -> float: ...
+    @property
+    def lognormal_sigma(self) -> float: ...
+    @property
+    def samples_per_client(self) -> int: ...
+    @property
+    def per_client_split(self) -> bool: ...
+    @property
+    def joint_shift(self) -> bool: ...
+    @property
+    def shift_transforms(self) -> str: ...
+    @property
+    def shift_fraction(self) -> float: ...
+    @property
+    def mixture_dim(self) -> int: ...
+    @property
+    def mixture_components(self) -> int: ...
+    @property
+    def mixture_alpha(self) -> float: ...
+    @property
+    def mixture_covariance(self) -> str: ...
+    @property
+    def mixture_labels(self) -> str: ...
+    @property
+    def mixture_sizes(self) -> str: ...
+    @property
+    def is_sheaf(self) -> bool: ...
+    @property
+    def sheaf_shift(self) -> float: ...
+    @property
+    def sheaf_pilot_fraction(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +128,7 @@ class DataKey:
     sheaf_pilot_fraction: float
 
     @classmethod
-    def of(cls, config: RunConfig) -> DataKey:
+    def of(cls, config: DataConfig) -> DataKey:
         """The data key of a run configuration."""
         mixture = None
         if config.dataset == "mixture":
@@ -111,7 +164,7 @@ class DataKey:
 
 
 def client_data(
-    config: RunConfig, partition_id: int, *, transforms: tuple[str, ...] = ()
+    config: DataConfig, partition_id: int, *, transforms: tuple[str, ...] = ()
 ) -> ClientData:
     """The train (validation) and test data of client ``partition_id``.
 
@@ -162,7 +215,7 @@ def client_data(
     )
 
 
-def pilot_data(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+def pilot_data(config: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     """Sheaf-FRL's pilots: labelled samples held out of every agent's data, held by all."""
     key = DataKey.of(config)
     x_all, y_all = _pooled(key)
@@ -170,7 +223,7 @@ def pilot_data(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
     return _dataset(key).features(x_all[pilots]), y_all[pilots]
 
 
-def generated_sizes(config: RunConfig | DataKey) -> tuple[int, int]:
+def generated_sizes(config: DataConfig | DataKey) -> tuple[int, int]:
     """Train and test sizes of a client of ``partitioner = "generated"``."""
     return config.samples_per_client, max(1, config.samples_per_client // 4)
 

@@ -7,23 +7,17 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 from numpy.testing import assert_allclose, assert_array_equal
 
-from clients import client_class
 from fedpers import linear, protocol
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
 from fedpers.seeding import rng
-from tests.helpers import run_config
+from tests.helpers import client_of, run_config
 
 TRAIN = {
     protocol.ROUND: 1,
     protocol.EPOCHS: 1,
     protocol.HEAD_EPOCHS: 2,
     protocol.LR: 0.05,
-    protocol.MOMENTUM: 0.5,
-    protocol.WEIGHT_DECAY: 1e-4,
-    protocol.BATCH_SIZE: 10,
-    protocol.LINEAR_HEAD_STEPS: 0,
-    protocol.LINEAR_HEAD_LR: 0.4,
 }
 
 
@@ -33,7 +27,7 @@ def _client(
     run = RunConfig.from_mapping(
         run_config(algorithm=algorithm, dataset="digits", num_clients=10, **overrides)
     )
-    return client_class(run)(run, partition, RecordDict() if state is None else state)
+    return client_of(run, partition, state)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +47,7 @@ def test_each_algorithm_shares_and_keeps_its_parts(algorithm: str, shared: set, 
     assert {name.split(".")[0] for name in arrays} == shared
     stored = state.get(protocol.STATE_PERSONAL)
     assert ({name.split(".")[0] for name in stored} if stored is not None else set()) == kept
-    assert metrics[protocol.NUM_EXAMPLES] == client.sizes()[0]
+    assert metrics[protocol.NUM_EXAMPLES] == len(client.data.y_train)
 
 
 def test_fedrep_trains_head_then_body(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +123,7 @@ def _linear_client(algorithm: str, state: RecordDict, head_steps: int = 0) -> An
             linear_head_steps=head_steps,
         )
     )
-    return client_class(run)(run, 3, state)
+    return client_of(run, 3, state)
 
 
 def test_linear_fedrep_solves_the_head_exactly_then_steps_on_b() -> None:
@@ -151,7 +145,7 @@ def test_gd_gd_takes_gradient_steps_from_the_stored_head() -> None:
     state = RecordDict()
     client = _linear_client("fedrep", state, head_steps=1)
     b = linear.orthonormalize(np.random.default_rng(1).standard_normal((10, 2)))
-    config = ConfigRecord({**TRAIN, protocol.LINEAR_HEAD_STEPS: 1})
+    config = ConfigRecord(TRAIN)
     client.fit({"body.weight": b.T}, config)
     x, y = client.samples("train", 1)
     assert_allclose(
@@ -185,7 +179,7 @@ def test_gmm_embedding_from_a_local_resnet18_file(tmp_path: Any) -> None:
             gmm_embedding_dim=8,
         )
     )
-    client = client_class(run)(run, 0, RecordDict())
+    client = client_of(run, 0)
     moments = client.pca_moments()
     assert moments["pca.sum"].shape == (512,)  # encoder features, not the 64 pixels
     directions = np.linalg.qr(np.random.default_rng(0).standard_normal((512, 8)))[0].T

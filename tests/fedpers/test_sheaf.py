@@ -52,6 +52,40 @@ def test_penalty_is_zero_exactly_when_aligned_and_invariant_to_common_rotations(
     assert sheaf.gluing_penalty(turned_small, turned_large, refit) == pytest.approx(base, rel=1e-9)
 
 
+def test_torch_penalty_of_a_pilot_batch_equals_the_numpy_penalty_of_each_edge() -> None:
+    """The training penalty (torch, one agent's batch) against ``gluing_penalty``: the
+    agent ``i`` (d = 5) is the small side of one edge and the large side of two."""
+    import torch
+
+    k, batch = 40, 16
+    own = _pilots(k, 5, 20)
+    larger = _pilots(k, 7, 21)  # i -> larger
+    smaller = [_pilots(k, 3, 22), _pilots(k, 5, 23)]  # smaller -> i (a tie: same dims)
+    up = sheaf.procrustes(own, larger)
+    downs = [sheaf.procrustes(s, own) for s in smaller]
+    index = np.random.default_rng(24).permutation(k)[:batch]
+    expected = sheaf.gluing_penalty(own[index], larger[index], up) + sum(
+        sheaf.gluing_penalty(s[index], own[index], v) for s, v in zip(smaller, downs, strict=True)
+    )
+    for dtype, rel in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+
+        def as_t(array: np.ndarray, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return torch.from_numpy(array).to(dtype)
+
+        mine = as_t(own[index]).requires_grad_()
+        edges: list[tuple[torch.Tensor, torch.Tensor | None]] = [
+            (as_t(sheaf.transport_down(larger, up)[index]), None),  # small side
+            *((as_t(s[index]), as_t(v)) for s, v in zip(smaller, downs, strict=True)),
+        ]
+        total = sheaf.gluing_penalty_torch(mine, edges)
+        assert total.shape == ()
+        assert float(total) == pytest.approx(expected, rel=rel)
+        total.backward()  # differentiable in the agent's own pilots
+        assert mine.grad is not None
+        assert float(mine.grad.abs().sum()) > 0
+    assert float(sheaf.gluing_penalty_torch(torch.zeros(batch, 5), [])) == 0.0
+
+
 def test_whitening_and_colouring_are_inverse_and_whiten() -> None:
     latents = _pilots(500, 6, 9) @ np.random.default_rng(10).standard_normal((6, 6)) + 3.0
     whitening = sheaf.Whitening.fit(latents)

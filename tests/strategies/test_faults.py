@@ -13,7 +13,7 @@ from clients.client_app import app as client_app
 from fedpers.config import RunConfig
 from fedpers.results import RoundRecord
 from strategies import build_strategy
-from strategies.base import RoundFailedError
+from strategies.rounds import RoundFailedError
 from strategies.server_app import _evaluate_config, _train_config
 from tests.helpers import InProcessGrid, run_config
 
@@ -37,7 +37,7 @@ def _run(
 
     grid = InProcessGrid(client_app, values, config.num_clients, fail=fail)
     strategy = build_strategy(config)
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     records: list[RoundRecord] = [] if recorded is None else recorded
     result = strategy.start(
         grid,

@@ -22,6 +22,7 @@ from clients.client_app import app as client_app
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
+from fedpers.protocol import UnseenTest
 from strategies import build_strategy
 from strategies.fedgmm import FedGMM
 from tests.helpers import InProcessGrid, run_config
@@ -43,9 +44,6 @@ def _config(config: RunConfig, epochs: int | None = None) -> ConfigRecord:
         {
             protocol.EPOCHS: config.epochs if epochs is None else epochs,
             protocol.LR: config.lr,
-            protocol.MOMENTUM: config.momentum,
-            protocol.WEIGHT_DECAY: config.weight_decay,
-            protocol.BATCH_SIZE: config.batch_size,
         }
     )
 
@@ -56,7 +54,7 @@ def _setup(**overrides: object) -> tuple[InProcessGrid, RunConfig, FedGMM]:
     grid = InProcessGrid(client_app, values, config.num_clients)
     strategy = build_strategy(config)
     assert isinstance(strategy, FedGMM)
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     return grid, config, strategy
 
 
@@ -125,16 +123,12 @@ def test_unseen_clients_only_take_part_in_the_final_evaluation() -> None:
     to_unseen = [m for m in grid.sent if m.metadata.dst_node_id in unseen_nodes]
     assert {m.metadata.message_type for m in to_unseen} == {protocol.QUERY_INFO}
     before = len(grid.sent)
-    final = strategy.final_evaluation(
-        grid, result.arrays, _config(config), server_round=4, timeout=5
-    )
+    final = strategy.final_test(grid, result.arrays, _config(config), server_round=4, timeout=5)
     finals = grid.sent[before:]
     assert {m.metadata.dst_node_id for m in finals} == unseen_nodes
     assert all(m.content[protocol.CONFIG][protocol.UNSEEN] == 1 for m in finals)
-    assert final is not None
-    kind, metrics = final
-    assert kind == "unseen"
-    assert 0.0 <= metrics[protocol.ACCURACY] <= 1.0
+    assert isinstance(final, UnseenTest)
+    assert 0.0 <= final.accuracy <= 1.0
 
 
 def _fake_reply(node: int, arrays: dict[str, np.ndarray]) -> Message:
@@ -176,7 +170,7 @@ def test_mixtures_learn_the_synthetic_task(algorithm: str) -> None:
     config = RunConfig.from_mapping(values)
     grid = InProcessGrid(client_app, values, 6)
     strategy = build_strategy(config)
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     records: list = []
     strategy.start(
         grid,

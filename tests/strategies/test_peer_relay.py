@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.app import ConfigRecord, MessageType
 from numpy.testing import assert_allclose
 
-from clients import client_class
 from clients.client_app import app as client_app
 from clients.sheaf import STATE_MAPS, STATE_MODEL
 from fedpers import protocol, sheaf
@@ -19,7 +18,7 @@ from fedpers.seeding import int_seed
 from fedpers.training import SGDSettings, train
 from strategies import build_strategy
 from strategies.peer_relay import PeerRelay
-from tests.helpers import InProcessGrid, run_config
+from tests.helpers import InProcessGrid, client_of, run_config
 
 AGENTS = {
     "dataset": "digits",
@@ -39,9 +38,6 @@ def _train_config(config: RunConfig) -> ConfigRecord:
         {
             protocol.EPOCHS: config.epochs,
             protocol.LR: config.lr,
-            protocol.MOMENTUM: config.momentum,
-            protocol.WEIGHT_DECAY: config.weight_decay,
-            protocol.BATCH_SIZE: config.batch_size,
         }
     )
 
@@ -52,7 +48,7 @@ def _run(rounds: int, **overrides: object) -> tuple[InProcessGrid, RunConfig, Pe
     grid = InProcessGrid(client_app, values, config.num_clients)
     strategy = build_strategy(config)
     assert isinstance(strategy, PeerRelay)
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     strategy.start(
         grid,
         strategy.initial_arrays(grid, timeout=5),
@@ -137,8 +133,8 @@ def test_encoders_equal_up_to_a_rotation_communicate_at_private_accuracy() -> No
         sheaf_hidden="32,32",
     )
     config = RunConfig.from_mapping(values)
-    sender = client_class(config)(config, 0, RecordDict())
-    receiver = client_class(config)(config, 1, RecordDict())
+    sender = client_of(config, 0)
+    receiver = client_of(config, 1)
     rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 6)))[0]
     q = torch.from_numpy(rotation.astype(np.float32))
     with torch.no_grad():  # receiver = sender with its latent space rotated by Q

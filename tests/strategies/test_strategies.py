@@ -20,13 +20,17 @@ from scipy.linalg import orth
 from clients.client_app import app as client_app
 from fedpers import linear, protocol
 from fedpers.config import RunConfig
+from fedpers.protocol import FinetunedTest
 from fedpers.results import RoundRecord
 from strategies import build_strategy
-from strategies.base import FedpersStrategy, PopulationError
-from strategies.fedavg import FedAvgFT
-from strategies.fedrep import FedRep, FedRepLinear
-from strategies.local import Local
+from strategies.base import FedpersStrategy
+from strategies.federation import PopulationError
+from strategies.fedrep import FedRepLinear
 from tests.helpers import InProcessGrid, run_config
+
+
+def _strategy(**overrides: object) -> FedpersStrategy:
+    return build_strategy(RunConfig.from_mapping(run_config(**overrides)))
 
 
 def _reply(to_node: int, arrays: dict[str, np.ndarray], num_examples: float) -> Message:
@@ -44,7 +48,7 @@ def _reply(to_node: int, arrays: dict[str, np.ndarray], num_examples: float) -> 
 
 
 def test_fedrep_averages_the_body_weighted_by_examples() -> None:
-    strategy = FedRep(num_nodes=3)
+    strategy = _strategy(num_clients=3)
     bodies = [np.full((2, 2), v, dtype=np.float32) for v in (1.0, 2.0, 4.0)]
     replies = [
         _reply(n, {"body.w": b}, w) for n, (b, w) in enumerate(zip(bodies, (1, 1, 2), strict=True))
@@ -57,7 +61,8 @@ def test_fedrep_averages_the_body_weighted_by_examples() -> None:
 
 
 def test_linear_fedrep_orthonormalizes_the_average() -> None:
-    strategy = FedRepLinear(num_nodes=2, rank=2)
+    strategy = _strategy(num_clients=2, dataset="linear", linear_rank=2)
+    assert isinstance(strategy, FedRepLinear)
     generator = np.random.default_rng(0)
     b1, b2 = generator.standard_normal((6, 2)), generator.standard_normal((6, 2))
     replies = [_reply(0, {"body.weight": b1.T}, 5), _reply(1, {"body.weight": b2.T}, 5)]
@@ -70,22 +75,20 @@ def test_linear_fedrep_orthonormalizes_the_average() -> None:
 
 
 def test_sampling_is_seeded_sized_and_by_partition() -> None:
-    strategy = FedRep(num_nodes=100, fraction_train=0.1, seed=3)
+    strategy = _strategy(num_clients=100, fraction_train=0.1, seed=3)
     samples = [strategy.sample(r) for r in range(1, 51)]
     assert all(len(s) == 10 and len(set(s)) == 10 for s in samples)
-    assert samples == [
-        FedRep(num_nodes=100, fraction_train=0.1, seed=3).sample(r) for r in range(1, 51)
-    ]
-    assert samples != [
-        FedRep(num_nodes=100, fraction_train=0.1, seed=4).sample(r) for r in range(1, 51)
-    ]
+    again = _strategy(num_clients=100, fraction_train=0.1, seed=3)
+    assert samples == [again.sample(r) for r in range(1, 51)]
+    other = _strategy(num_clients=100, fraction_train=0.1, seed=4)
+    assert samples != [other.sample(r) for r in range(1, 51)]
     # Over 200 rounds every partition is drawn (a uniform sampler misses one with
     # probability 100 * 0.9**200 < 1e-7) and none is drawn far too often.
     draws = np.concatenate([strategy.sample(r) for r in range(1, 201)])
     counts = np.bincount(draws, minlength=100)
     assert counts.min() >= 1
     assert counts.max() <= 45
-    assert FedRep(num_nodes=10, fraction_train=0.1).sample(1).__len__() == 1
+    assert len(_strategy(num_clients=10, fraction_train=0.1).sample(1)) == 1
 
 
 def _grid(num_nodes: int, **overrides: object) -> tuple[InProcessGrid, RunConfig]:
@@ -96,18 +99,18 @@ def _grid(num_nodes: int, **overrides: object) -> tuple[InProcessGrid, RunConfig
 def test_connect_maps_partitions_to_scrambled_node_ids() -> None:
     grid, config = _grid(6)
     strategy = build_strategy(config)
-    strategy.connect(grid, timeout=5)
-    assert strategy.node_of_partition == {p: grid.node_of(p) for p in range(6)}
-    assert sum(strategy.train_sizes.values()) > 0
+    strategy.federation.connect(grid, timeout=5)
+    assert strategy.federation.node_of_partition == {p: grid.node_of(p) for p in range(6)}
+    assert sum(strategy.federation.train_sizes.values()) > 0
 
 
 def test_connect_fails_clearly_when_nodes_are_missing_or_duplicated() -> None:
     grid, _ = _grid(3)
     with pytest.raises(PopulationError, match="num-supernodes=5"):
-        FedRep(num_nodes=5).connect(grid, timeout=0.3, poll=0.1)
+        _strategy(num_clients=5).federation.connect(grid, timeout=0.3, poll=0.1)
     grid.contexts[grid.node_of(2)].node_config["partition-id"] = 1
     with pytest.raises(PopulationError, match="both hold partition 1"):
-        FedRep(num_nodes=3).connect(grid, timeout=1)
+        _strategy(num_clients=3).federation.connect(grid, timeout=1)
 
 
 class _Recorder:
@@ -124,9 +127,6 @@ def _train_config(config: RunConfig) -> ConfigRecord:
             protocol.EPOCHS: 1,
             protocol.HEAD_EPOCHS: 2,
             protocol.LR: config.lr,
-            protocol.MOMENTUM: config.momentum,
-            protocol.WEIGHT_DECAY: config.weight_decay,
-            protocol.BATCH_SIZE: config.batch_size,
         }
     )
 
@@ -135,7 +135,7 @@ def _run(
     strategy: FedpersStrategy, grid: InProcessGrid, config: RunConfig, rounds: int
 ) -> _Recorder:
     recorder = _Recorder()
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     strategy.start(
         grid,
         strategy.initial_arrays(grid, timeout=5),
@@ -176,7 +176,8 @@ def test_fedrep_rounds_send_only_the_body_and_evaluate_every_node() -> None:
 def test_local_sends_no_arrays() -> None:
     grid, config = _grid(4, algorithm="local", fraction_train=0.5)
     strategy = build_strategy(config)
-    assert isinstance(strategy, Local)
+    assert type(strategy) is FedpersStrategy
+    assert strategy.shared == ()
     _run(strategy, grid, config, rounds=1)
     assert all(len(m.content[protocol.ARRAYS]) == 0 for m in _messages(grid, MessageType.TRAIN))
 
@@ -184,10 +185,9 @@ def test_local_sends_no_arrays() -> None:
 def test_fedavg_ft_final_evaluation_finetunes_every_node() -> None:
     grid, config = _grid(4, algorithm="fedavg-ft", fraction_train=0.5)
     strategy = build_strategy(config)
-    assert isinstance(strategy, FedAvgFT)
     _run(strategy, grid, config, rounds=2)
     before = len(grid.sent)
-    final = strategy.final_evaluation(
+    final = strategy.final_test(
         grid,
         strategy.initial_arrays(grid, timeout=5),
         _train_config(config),
@@ -200,14 +200,12 @@ def test_fedavg_ft_final_evaluation_finetunes_every_node() -> None:
         m.content[protocol.CONFIG][protocol.FINETUNE_EPOCHS] == config.finetune_epochs
         for m in finals
     )
-    assert final is not None
-    kind, metrics = final
-    assert kind == "finetuned"
-    assert 0.0 <= metrics[protocol.ACCURACY] <= 1.0
+    assert isinstance(final, FinetunedTest)
+    assert 0.0 <= final.accuracy <= 1.0
 
 
 def test_evaluation_is_weighted_by_test_examples() -> None:
-    strategy = FedRep(num_nodes=2)
+    strategy = _strategy(num_clients=2)
     replies: Iterable[Message] = [
         _metrics_reply(0, accuracy=1.0, examples=30),
         _metrics_reply(1, accuracy=0.0, examples=10),
@@ -229,19 +227,13 @@ def test_linear_fedrep_through_the_client_app_learns_the_subspace() -> None:
     grid = InProcessGrid(client_app, values, 20)
     config = RunConfig.from_mapping(values)
     strategy = build_strategy(config)
-    strategy.connect(grid, timeout=5)
+    strategy.federation.connect(grid, timeout=5)
     initial = strategy.initial_arrays(grid, timeout=5)
     from fedpers.data.synthetic import LinearTasks
 
     truth = LinearTasks(10, 2, config.linear_noise_std, config.seed).representation
     start = linear.principal_angle_distance(initial["body.weight"].numpy().T, truth)
-    train = ConfigRecord(
-        {
-            protocol.LR: 0.4,
-            protocol.LINEAR_HEAD_STEPS: 0,
-            protocol.LINEAR_HEAD_LR: 0.4,
-        }
-    )
+    train = ConfigRecord({protocol.LR: 0.4})
     result = strategy.start(grid, initial, num_rounds=40, train_config=train)
     end = linear.principal_angle_distance(result.arrays["body.weight"].numpy().T, truth)
     assert end < 1e-2 < start

@@ -1,0 +1,361 @@
+"""The algorithm table: every algorithm a run can name, one row each.
+
+A row (``AlgorithmSpec``) says what the algorithm shares with the server, how its
+clients train locally, which settings it reads, and which strategy and client classes
+run it. Classes are named as ``"module:Class"`` and imported only when a run needs them,
+so ``fedpers`` imports neither ``strategies`` nor ``clients`` (a device never loads
+server code, a server never loads torch).
+
+An algorithm that differs from another only in what it shares or trains is a row and
+nothing else (FedPer, LG-FedAvg and FedBABU against FedRep). One that needs more names
+its own strategy and/or client class. Users add their own from their own package with
+``register`` (or the ``fedpers.algorithms`` entry-point group), without editing fedpers::
+
+    from fedpers.algorithms import AlgorithmSpec, Family, register
+    register(AlgorithmSpec(name="my-fedper", family=Family.PERSONALIZED, shared=("body",)))
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib.metadata import entry_points
+from typing import Any
+
+from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
+
+ENTRY_POINT_GROUP = "fedpers.algorithms"
+
+
+class Family(StrEnum):
+    """How an algorithm's server and clients talk; each family has its own client base."""
+
+    PERSONALIZED = "personalized"  # a body/head model, part of it averaged by the server
+    MIXTURE = "mixture"  # shared learners (and Gaussian components), personal weights
+    SHEAF = "sheaf"  # no shared model: pilots relayed between graph neighbours
+
+
+class FinalTest(StrEnum):
+    """What the server asks of every client after the last round."""
+
+    NONE = "none"
+    FINETUNE = "finetune"  # fine-tune the head for ``finetune-epochs``, then test
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a client's local update: train ``parts`` for the epochs that the
+    server sends under the message config key ``epochs``."""
+
+    parts: tuple[str, ...]
+    epochs: str = EPOCHS
+
+
+JOINT = (Phase(MODEL_PARTS),)
+
+
+SettingValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A run-config key that an algorithm declares itself (beyond the common keys of
+    ``fedpers.config``): its default, what it means, and the values it allows.
+
+    Parameters
+    ----------
+    key : str
+        The kebab-case run-config key, e.g. ``ditto-lambda``.
+    default : bool, int, float or str
+        Its default; its type is the key's type.
+    description : str
+        One line for the configuration reference and the scripts' ``--help``.
+    minimum : float, optional
+        Smallest allowed value of a number.
+    choices : tuple of str, optional
+        Allowed values of a string.
+    """
+
+    key: str
+    default: SettingValue
+    description: str
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: SettingValue) -> str | None:
+        """Why ``value`` is not allowed, or None."""
+        kind = type(self.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            return f"has type {type(value).__name__}; it must be {kind.__name__}"
+        if (
+            self.minimum is not None
+            and isinstance(value, int | float)
+            and not value >= self.minimum
+        ):
+            return f"must be at least {self.minimum}"
+        if self.choices and value not in self.choices:
+            return f"is not allowed; choose one of: {', '.join(self.choices)}"
+        return None
+
+
+@dataclass(frozen=True)
+class LinearVariant:
+    """Strategy and client of an algorithm's linear-model variant (FedRep, Section 4)."""
+
+    strategy: str
+    client: str
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One row of the algorithm table.
+
+    Parameters
+    ----------
+    name : str
+        The value of the run-config key ``algorithm``.
+    family : Family
+        How server and clients talk.
+    shared : tuple of str
+        Model parts (``body``, ``head``) sent to and averaged by the server; the others
+        stay on the device in ``context.state``.
+    strategy : str (default: the personalized strategy)
+        ``"module:Class"`` of the server strategy.
+    client : str (default: the personalized client)
+        ``"module:Class"`` of the client.
+    phases : tuple of Phase (default: body and head jointly for ``epochs``)
+        The local update of a personalized client, in order.
+    final_test : FinalTest (default: NONE)
+        What every client does after the last round.
+    settings : tuple of Setting (default: ())
+        Run-config keys the algorithm declares itself, beyond the common keys of
+        ``fedpers.config`` (which every algorithm may read).
+    unseen : bool (default: False)
+        Whether it can serve unseen clients (``unseen-fraction > 0``).
+    linear : LinearVariant, optional
+        Its variant for the linear model (``dataset = "linear"``).
+    deep : bool (default: True)
+        False for algorithms that exist only for the linear model.
+    paper : str (default: "")
+        Where it comes from.
+    """
+
+    name: str
+    family: Family
+    shared: tuple[str, ...]
+    strategy: str = "strategies.base:FedpersStrategy"
+    client: str = "clients.base:PersonalizedClient"
+    phases: tuple[Phase, ...] = JOINT
+    final_test: FinalTest = FinalTest.NONE
+    settings: tuple[Setting, ...] = ()
+    unseen: bool = False
+    linear: LinearVariant | None = None
+    deep: bool = True
+    paper: str = ""
+
+    @property
+    def personal(self) -> tuple[str, ...]:
+        """Model parts kept on the device."""
+        return tuple(part for part in MODEL_PARTS if part not in self.shared)
+
+    def strategy_class(self, *, linear: bool = False) -> Any:
+        """The strategy class (of the linear variant with ``linear``)."""
+        return load(self._variant(linear).strategy if linear else self.strategy)
+
+    def client_class(self, *, linear: bool = False) -> Any:
+        """The client class (of the linear variant with ``linear``)."""
+        return load(self._variant(linear).client if linear else self.client)
+
+    def _variant(self, linear: bool) -> LinearVariant:
+        if self.linear is None:
+            raise KeyError(f"algorithm '{self.name}' has no linear variant")
+        return self.linear
+
+
+def load(path: str) -> Any:
+    """Import ``"module:Name"`` and return the named object."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(f"cannot load '{path}' named in the algorithm table: {error}") from error
+
+
+_LINEAR_FEDREP = LinearVariant(
+    "strategies.fedrep:FedRepLinear", "clients.linear:LinearFedRepClient"
+)
+_SHEAF_CLIENT = "clients.sheaf:SheafClient"
+_MIXTURE = "Marfoq et al., NeurIPS 2021"
+
+_BUILT_IN = (
+    AlgorithmSpec(
+        name="fedrep",
+        family=Family.PERSONALIZED,
+        shared=(BODY,),
+        phases=(Phase((HEAD,), HEAD_EPOCHS), Phase((BODY,), EPOCHS)),
+        linear=_LINEAR_FEDREP,
+        paper="Collins et al., ICML 2021",
+    ),
+    AlgorithmSpec(
+        name="fedper",
+        family=Family.PERSONALIZED,
+        shared=(BODY,),
+        paper="Arivazhagan et al., 2019",
+    ),
+    AlgorithmSpec(
+        name="fedavg",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        unseen=True,
+        paper="McMahan et al., AISTATS 2017",
+    ),
+    AlgorithmSpec(
+        name="fedavg-ft",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        final_test=FinalTest.FINETUNE,
+        paper="FedAvg, then head fine-tuning (FedRep's Table 1)",
+    ),
+    AlgorithmSpec(
+        name="lg-fedavg",
+        family=Family.PERSONALIZED,
+        shared=(HEAD,),
+        paper="Liang et al., 2020",
+    ),
+    AlgorithmSpec(
+        name="local",
+        family=Family.PERSONALIZED,
+        shared=(),
+        paper="local training only",
+    ),
+    AlgorithmSpec(
+        name="fedsgd",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        linear=LinearVariant("strategies.fedsgd:FedSGD", "clients.linear:FedSGDClient"),
+        deep=False,
+        paper="one global linear model (FedRep, Figures 3-4)",
+    ),
+    AlgorithmSpec(
+        name="fedem",
+        family=Family.MIXTURE,
+        shared=MODEL_PARTS,
+        strategy="strategies.fedem:FedEM",
+        client="clients.fedem:FedEMClient",
+        unseen=True,
+        paper=_MIXTURE,
+    ),
+    AlgorithmSpec(
+        name="fedgmm",
+        family=Family.MIXTURE,
+        shared=MODEL_PARTS,
+        strategy="strategies.fedgmm:FedGMM",
+        client="clients.fedgmm:FedGMMClient",
+        unseen=True,
+        paper="Wu et al., ICML 2023",
+    ),
+    AlgorithmSpec(
+        name="sheaf-frl",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="strategies.peer_relay:PeerRelay",
+        client=_SHEAF_CLIENT,
+        paper="Sheaf-FRL, 2026",
+    ),
+    AlgorithmSpec(
+        name="non-cooperative",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="strategies.peer_relay:NonCooperative",
+        client="clients.sheaf:NonCooperativeClient",
+        paper="Sheaf-FRL's lambda = 0 baseline, aligned after training",
+    ),
+)
+
+_TABLE: dict[str, AlgorithmSpec] = {spec.name: spec for spec in _BUILT_IN}
+_entry_points_loaded = False
+
+
+def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
+    """Add ``spec`` to the table (from a user's package; nothing in fedpers changes).
+
+    Raises
+    ------
+    ValueError
+        If an algorithm of that name exists and ``replace`` is False, or if the row
+        names a model part other than ``body``/``head``.
+    """
+    if spec.name in _TABLE and not replace:
+        raise ValueError(
+            f"algorithm '{spec.name}' is already registered; choose another name or pass "
+            "replace=True"
+        )
+    unknown = sorted(set(spec.shared) | {p for phase in spec.phases for p in phase.parts})
+    unknown = [p for p in unknown if p not in MODEL_PARTS]
+    if unknown:
+        raise ValueError(
+            f"algorithm '{spec.name}' names model part(s) {unknown}; parts are {MODEL_PARTS}"
+        )
+    declared = all_settings()
+    for setting in spec.settings:
+        other = declared.get(setting.key)
+        if other is not None and other != setting:
+            raise ValueError(
+                f"algorithm '{spec.name}' declares setting '{setting.key}' differently from "
+                "another algorithm; share one Setting object or choose another key"
+            )
+    _TABLE[spec.name] = spec
+    return spec
+
+
+def _load_entry_points() -> None:
+    """Register the rows that installed packages declare (group ``fedpers.algorithms``:
+    each entry point is an ``AlgorithmSpec`` or a callable returning one or several)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        value = entry.load()
+        specs = value() if callable(value) else value
+        for spec in specs if isinstance(specs, list | tuple) else [specs]:
+            if spec.name not in _TABLE:
+                register(spec)
+
+
+def get(name: str) -> AlgorithmSpec:
+    """The row of ``name``.
+
+    Raises
+    ------
+    KeyError
+        With the known names, if ``name`` is not in the table.
+    """
+    _load_entry_points()
+    try:
+        return _TABLE[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown algorithm '{name}'; choose one of: {', '.join(names())}, or register "
+            "your own with fedpers.algorithms.register"
+        ) from None
+
+
+def names() -> list[str]:
+    """Every registered algorithm name, built-in ones first."""
+    _load_entry_points()
+    return list(_TABLE)
+
+
+def all_specs() -> list[AlgorithmSpec]:
+    """Every registered row."""
+    _load_entry_points()
+    return list(_TABLE.values())
+
+
+def all_settings() -> dict[str, Setting]:
+    """Every setting the registered algorithms declare, by key."""
+    return {s.key: s for spec in _TABLE.values() for s in spec.settings}

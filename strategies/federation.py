@@ -1,0 +1,229 @@
+"""The federation as the server sees it: which node holds which partition, and one way
+to exchange messages with them.
+
+Flower names nodes by random ids and starts the ServerApp before every virtual node is
+up. fedpers addresses clients by partition id instead (sampling, seeding and result
+order depend on it), so the server waits for the expected population, asks each node
+which partition it holds (``query.info``) and keeps the map both ways. Every exchange
+(training, evaluation, start-up queries, the Sheaf-FRL relay) goes through
+``Federation.exchange``: one send-and-collect with one failure policy, answers in
+partition order and every missing or failed answer named with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers import protocol
+
+logger = logging.getLogger(__name__)
+
+
+class PopulationError(RuntimeError):
+    """The nodes that registered do not form the federation the run expects."""
+
+
+@dataclass
+class Exchange:
+    """The outcome of one exchange: answers and failures, both keyed by partition.
+
+    ``replies`` holds every answer that arrived (error replies included) in partition
+    order; ``failures`` the partitions whose answer is missing or an error, with why.
+    """
+
+    message_type: str
+    sent: list[int]
+    replies: dict[int, Message] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+
+    def ok(self) -> dict[int, RecordDict]:
+        """Contents of the answers without error, by partition."""
+        return {p: r.content for p, r in self.replies.items() if not r.has_error()}
+
+    def require_all(self) -> dict[int, RecordDict]:
+        """``ok()``, or PopulationError naming the partitions that failed and why."""
+        if self.failures:
+            reasons = [f"partition {p}: {why}" for p, why in sorted(self.failures.items())]
+            raise PopulationError(
+                f"{self.message_type} failed on {len(reasons)} node(s): " + "; ".join(reasons[:5])
+            )
+        return self.ok()
+
+
+class Federation:
+    """Registration of the expected nodes and the partition <-> node map.
+
+    Parameters
+    ----------
+    num_nodes : int
+        Partitions ``0..num_nodes-1`` the run expects, one node each.
+    """
+
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = num_nodes
+        self.node_of_partition: dict[int, int] = {}
+        self.partition_of_node: dict[int, int] = {}
+        self.train_sizes: dict[int, int] = {}
+        self.test_sizes: dict[int, int] = {}
+        self.registered_at = float("nan")  # time.time() when all nodes were seen
+
+    # ------------------------------------------------------------------ population
+    def connect(self, grid: Grid, *, timeout: float, poll: float = 0.2) -> None:
+        """Wait for ``num_nodes`` nodes, then learn each node's partition id."""
+        deadline = time.monotonic() + timeout
+        last_count = -1
+        while (count := len(list(grid.get_node_ids()))) < self.num_nodes:
+            if time.monotonic() > deadline:
+                raise PopulationError(
+                    f"only {count} of the {self.num_nodes} expected nodes registered "
+                    f"within {timeout:.0f} s. In simulation pass --federation-config "
+                    f'"num-supernodes={self.num_nodes}"; in deployment start that many '
+                    "SuperNodes, or lower num-clients."
+                )
+            if count != last_count:
+                logger.info("waiting for nodes: %d of %d registered", count, self.num_nodes)
+                last_count = count
+            time.sleep(poll)
+        self.registered_at = time.time()
+        node_ids = sorted(grid.get_node_ids())
+        for node_id, reply in self._info(grid, node_ids, timeout=timeout, strict=True):
+            partition, train, test = _info_metrics(reply)
+            if partition in self.node_of_partition:
+                raise PopulationError(
+                    f"nodes {self.node_of_partition[partition]} and {node_id} both hold "
+                    f"partition {partition}: give each SuperNode its own partition-id"
+                )
+            self._assign(partition, node_id)
+            self.train_sizes[partition] = train
+            self.test_sizes[partition] = test
+        missing = sorted(set(range(self.num_nodes)) - set(self.node_of_partition))
+        if missing:
+            raise PopulationError(
+                f"no node holds partition(s) {missing[:10]}; expected partitions "
+                f"0..{self.num_nodes - 1} (num-partitions = num-clients = {self.num_nodes})"
+            )
+        logger.info("%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1)
+
+    def refresh(self, grid: Grid, *, timeout: float) -> None:
+        """Learn the partition of nodes that registered since ``connect``.
+
+        A SuperNode that restarts without node authentication comes back under a new
+        node id; sending to the old id would time out every round. Nodes with the same
+        id (authenticated restarts, simulation) need nothing.
+        """
+        new = sorted(set(grid.get_node_ids()) - set(self.partition_of_node))
+        for node_id, reply in self._info(grid, new, timeout=timeout, strict=False):
+            partition, _, _ = _info_metrics(reply)
+            old = self.node_of_partition.get(partition)
+            self._assign(partition, node_id)
+            logger.info("partition %d is now served by node %d (was %s)", partition, node_id, old)
+
+    def _assign(self, partition: int, node_id: int) -> None:
+        old = self.node_of_partition.get(partition)
+        if old is not None:
+            self.partition_of_node.pop(old, None)
+        self.node_of_partition[partition] = node_id
+        self.partition_of_node[node_id] = partition
+
+    def _info(
+        self, grid: Grid, node_ids: list[int], *, timeout: float, strict: bool
+    ) -> list[tuple[int, Message]]:
+        """``query.info`` to nodes not yet mapped; (node id, reply) of those that answered
+        (all of them, or PopulationError, when ``strict``)."""
+        if not node_ids:
+            return []
+        messages = [
+            Message(content=RecordDict(), message_type=protocol.QUERY_INFO, dst_node_id=n)
+            for n in node_ids
+        ]
+        by_node = {
+            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
+        }
+        failed = [
+            f"node {n}: {by_node[n].error.reason if n in by_node else 'no reply'}"
+            for n in node_ids
+            if n not in by_node or by_node[n].has_error()
+        ]
+        if failed and strict:
+            raise PopulationError(
+                f"{protocol.QUERY_INFO} failed on {len(failed)} node(s): " + "; ".join(failed[:5])
+            )
+        return [(n, by_node[n]) for n in node_ids if n in by_node and not by_node[n].has_error()]
+
+    # -------------------------------------------------------------------- exchange
+    def nodes(self, partitions: Iterable[int]) -> list[int]:
+        """Node ids of ``partitions``."""
+        return [self.node_of_partition[p] for p in partitions]
+
+    def partition(self, reply: Message) -> int:
+        """The partition of a reply's sender (-1 for a node the map does not know)."""
+        return self.partition_of_node.get(reply.metadata.src_node_id, -1)
+
+    def exchange(
+        self,
+        grid: Grid,
+        message_type: str,
+        contents: Mapping[int, RecordDict],
+        *,
+        timeout: float,
+    ) -> Exchange:
+        """Send each partition its own content and collect the answers.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        message_type : str
+            ``MessageType.TRAIN``/``EVALUATE`` or a ``protocol.query_type``.
+        contents : mapping of int to RecordDict
+            What each partition receives.
+        timeout : float
+            Seconds to wait for the answers.
+        """
+        partitions = sorted(contents)
+        messages = [
+            Message(content=contents[p], message_type=message_type, dst_node_id=n)
+            for p, n in zip(partitions, self.nodes(partitions), strict=True)
+        ]
+        result = Exchange(message_type, partitions)
+        by_node = {
+            r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
+        }
+        for partition, node in zip(partitions, self.nodes(partitions), strict=True):
+            reply = by_node.get(node)
+            if reply is None:
+                result.failures[partition] = f"no reply within {timeout:g} s"
+                continue
+            result.replies[partition] = reply
+            if reply.has_error():
+                result.failures[partition] = f"client error: {reply.error.reason}"
+        return result
+
+    def broadcast(
+        self,
+        grid: Grid,
+        message_type: str,
+        partitions: Iterable[int],
+        content: RecordDict,
+        *,
+        timeout: float,
+    ) -> Exchange:
+        """``exchange`` with the same content for every partition."""
+        return self.exchange(
+            grid, message_type, dict.fromkeys(partitions, content), timeout=timeout
+        )
+
+
+def _info_metrics(reply: Message) -> tuple[int, int, int]:
+    metrics = reply.content.metric_records[protocol.METRICS]
+    return (
+        int(metrics[protocol.PARTITION_ID]),  # type: ignore[arg-type]
+        int(metrics[protocol.NUM_TRAIN]),  # type: ignore[arg-type]
+        int(metrics[protocol.NUM_TEST]),  # type: ignore[arg-type]
+    )

@@ -1,0 +1,126 @@
+"""The wire contract is declared once, in fedpers/protocol.py.
+
+Every name that crosses the wire (record, array, config and metric keys, message
+types) must be imported from ``fedpers.protocol`` on both sides: a quoted key under
+``strategies/`` or ``clients/`` is a second declaration that can drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from enum import Enum
+from pathlib import Path
+
+import pytest
+
+from fedpers import protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("strategies", "clients")
+RECORD_TYPES = {"ArrayRecord", "ConfigRecord", "MetricRecord", "RecordDict"}
+# Subscripts of these are records (or what a record holds); others (a summary dict, a
+# file's payload) are not on the wire.
+RECORD_LIKE = re.compile(r"(record|records|metrics|config|arrays|content|state)$", re.I)
+# Calls whose string arguments are seed purposes, not wire names.
+SEED_CALLS = {"generator", "int_seed", "rng", "samples"}
+
+
+def _declared() -> set[str]:
+    """Every string value ``fedpers.protocol`` declares (constants and enum members)."""
+    values: set[str] = set()
+    for value in vars(protocol).values():
+        if isinstance(value, str) and not isinstance(value, Enum):
+            values.add(value)
+        elif isinstance(value, type) and issubclass(value, Enum):
+            values.update(str(member.value) for member in value)
+    return values
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+
+
+def _not_wire_strings(tree: ast.AST) -> set[int]:
+    """ids of string constants that are not wire names: messages for people (exceptions,
+    log calls) and seed purposes."""
+    found = set()
+    for node in ast.walk(tree):
+        inside: ast.AST | None = None
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            inside = node.exc
+        elif (isinstance(node, ast.Call) and _call_name(node) in SEED_CALLS) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"debug", "info", "warning", "error", "exception"}
+        ):
+            inside = node
+        if inside is not None:
+            found.update(id(n) for n in ast.walk(inside) if isinstance(n, ast.Constant))
+    return found
+
+
+def violations(source: str) -> list[tuple[int, str]]:
+    """(line, why) of every wire name written as a literal in ``source``."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree) | _not_wire_strings(tree)
+    declared = _declared()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and RECORD_LIKE.search(ast.unparse(node.value)):
+            key = node.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                found.append((node.lineno, f"record key {key.value!r} as a literal"))
+        elif isinstance(node, ast.Call) and _call_name(node) in RECORD_TYPES:
+            for arg in node.args:
+                if isinstance(arg, ast.Dict):
+                    for k in arg.keys:
+                        if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                            found.append((k.lineno, f"{_call_name(node)} key {k.value!r}"))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in skip
+            and node.value in declared
+        ):
+            found.append((node.lineno, f"{node.value!r} repeats a name of fedpers.protocol"))
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p.relative_to(ROOT) for package in PACKAGES for p in (ROOT / package).rglob("*.py")),
+    ids=str,
+)
+def test_no_wire_name_is_written_as_a_literal(path: Path) -> None:
+    # Prepare / Execute
+    found = violations((ROOT / path).read_text())
+    # Assert
+    assert found == [], f"{path}: " + "; ".join(f"line {line}: {why}" for line, why in found)
+
+
+def test_the_check_finds_what_it_looks_for() -> None:
+    # Prepare: each line breaks the contract one way
+    source = (
+        "x = reply.content['arrays']\n"
+        "r = ConfigRecord({'neighbours': [1]})\n"
+        "key = 'num-examples'\n"
+        'def f():\n    """num-examples in a docstring is fine."""\n'
+        "    raise ValueError('num-examples in an error is fine')\n"
+    )
+    # Execute
+    found = violations(source)
+    # Assert
+    assert sorted({line for line, _ in found}) == [1, 2, 3]
