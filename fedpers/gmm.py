@@ -21,7 +21,6 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
 
-COVARIANCE_TYPES = ("full", "diag")
 WEIGHT_FLOOR = 1e-8
 LOG_2PI = float(np.log(2 * np.pi))
 
@@ -68,11 +67,6 @@ class Statistics:
             self.second + other.second,
             self.center,
         )
-
-    def is_finite(self) -> bool:
-        """True when every entry is finite and every count non-negative."""
-        arrays = (self.count, self.first, self.second)
-        return all(np.all(np.isfinite(a)) for a in arrays) and bool(np.all(self.count >= 0))
 
 
 # --------------------------------------------------------------------- densities

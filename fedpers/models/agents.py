@@ -1,19 +1,18 @@
-"""Sheaf-FRL agents: heterogeneous encoders ending in a whitening layer, heads starting
-with the inverse colouring layer.
+"""Sheaf-FRL agents: heterogeneous encoders (``body``) and heads to the classes.
 
-The private path is ``head(encoder(x))``: the head sees raw latents. Messages, the
-gluing penalty and the restriction maps use whitened latents; a receiver decodes a
-neighbour's (transported) whitened latents with ``head(colour(w))``. In eval mode
-``colour(whiten(z)) = z``, so ``decode_whitened(whitened(x)) = logits(x)``.
+The private path is ``head(body(x))``: the head sees raw latents. Messages, the gluing
+penalty and the restriction maps use whitened latents (``pilot_whitening`` during
+training, ``fedpers.sheaf.Whitening`` for messages); a receiver decodes a neighbour's
+(transported) whitened latents by colouring them with its own statistics and applying
+its head.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
-from fedpers.sheaf import EIGENVALUE_FLOOR, AgentSpec, Whitening
+from fedpers.sheaf import EIGENVALUE_FLOOR, AgentSpec
 
 
 def pilot_whitening(
@@ -42,65 +41,17 @@ def pilot_whitening(
     return whitened, mean, factor
 
 
-class WhiteningLayer(nn.Module):
-    """ZCA whitening with fixed statistics (buffers), refitted between training rounds.
-
-    The statistics are fitted outside autograd (``fit``), as the authors' code updates
-    its whitening matrix outside the gradient step; gradients flow through the affine
-    map itself.
-    """
-
-    mean: torch.Tensor
-    whiten_matrix: torch.Tensor
-    colour_matrix: torch.Tensor
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(dim))
-        self.register_buffer("whiten_matrix", torch.eye(dim))
-        self.register_buffer("colour_matrix", torch.eye(dim))
-
-    def fit(self, latents: np.ndarray) -> Whitening:
-        """Fit ZCA statistics on latents (n x d); returns them as numpy."""
-        whitening = Whitening.fit(latents.astype(float))
-        self.set(whitening.mean, whitening.whiten_matrix, whitening.colour_matrix)
-        return whitening
-
-    def set(self, mean: np.ndarray, whiten_matrix: np.ndarray, colour_matrix: np.ndarray) -> None:
-        """Install given statistics (``w = (z - mean) W``, ``z = w C + mean``)."""
-        with torch.no_grad():
-            self.mean.copy_(torch.as_tensor(mean))
-            self.whiten_matrix.copy_(torch.as_tensor(whiten_matrix))
-            self.colour_matrix.copy_(torch.as_tensor(colour_matrix))
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return (z - self.mean) @ self.whiten_matrix
-
-    def colour(self, w: torch.Tensor) -> torch.Tensor:
-        """The inverse map: whitened latents back to raw latents."""
-        return w @ self.colour_matrix + self.mean
-
-
 class Agent(nn.Module):
-    """One agent: ``body`` (encoder), ``whitening``, ``head`` (decoder to classes)."""
+    """One agent: ``body`` (encoder) and ``head`` (decoder to classes)."""
 
     def __init__(self, body: nn.Module, latent: int, head: nn.Module) -> None:
         super().__init__()
         self.body = body
-        self.whitening = WhiteningLayer(latent)
         self.head = head
         self.latent_dim = latent
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
-
-    def whitened(self, x: torch.Tensor) -> torch.Tensor:
-        """Whitened latents of inputs ``x``."""
-        return self.whitening(self.body(x))
-
-    def decode_whitened(self, w: torch.Tensor) -> torch.Tensor:
-        """Logits of whitened latents (this agent's own or transported ones)."""
-        return self.head(self.whitening.colour(w))
 
 
 def build_agent(spec: AgentSpec, dataset: str, num_classes: int, seed: int) -> Agent:
