@@ -1,4 +1,4 @@
-"""FedRep's Table 1 analogue: six methods on one partition, through Flower.
+"""FedRep's Table 1 analogue: every personalized method on one partition, through Flower.
 
     python -m simulations.fedrep_images --out DIR [--dataset mnist1d|digits|mnist|femnist|
         cifar10|cifar100] [--clients N] [--classes-per-client S] [--rounds T] [--seed K]
@@ -21,6 +21,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from fedpers import algorithms
+from fedpers.algorithms import Family
 from fedpers.results import plot_rounds, read_config, read_rounds, read_summary
 from simulations.common import (
     markdown_table,
@@ -32,7 +34,15 @@ from simulations.common import (
 )
 from simulations.launch import LocalSimulation
 
-METHODS = ("fedrep", "fedper", "fedavg", "fedavg-ft", "lg-fedavg", "local")
+
+def methods() -> tuple[str, ...]:
+    """Every deep personalized algorithm of the table (a new row appears here as is)."""
+    return tuple(
+        spec.name
+        for spec in algorithms.all_specs()
+        if spec.family is Family.PERSONALIZED and spec.deep
+    )
+
 
 # Settings of the paper (Section 5 and Appendix A) per data set; MNIST-1D and the
 # digits use the calibrated MLP settings (pyproject defaults).
@@ -62,14 +72,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, help="communication rounds T")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-root", default="", help="local root of torchvision data sets")
+    known = methods()
     parser.add_argument(
-        "--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}"
+        "--methods", default=",".join(known), help=f"comma-separated subset of {known}"
     )
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(known))
     if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
 
     settings: dict[str, Any] = {
         "dataset": args.dataset,
@@ -89,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if value is not None:
             settings[key] = value
     # FedAvg's numbers come from the FedAvg+FT run when both are wanted.
-    to_run = [m for m in methods if not (m == "fedavg" and "fedavg-ft" in methods)]
+    to_run = [m for m in chosen if not (m == "fedavg" and "fedavg-ft" in chosen)]
     runs_dir = args.out.expanduser().resolve() / "runs"
     runs = [
         {**settings, "algorithm": m, "results-dir": str(runs_dir), "run-name": m} for m in to_run
@@ -100,19 +111,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         directories = dict(
             zip(to_run, simulation.run_all(runs, parallel=parallelism(args)), strict=True)
         )
-    if "fedavg" in methods and "fedavg" not in directories:
+    if "fedavg" in chosen and "fedavg" not in directories:
         directories["fedavg"] = directories["fedavg-ft"]
 
     final: dict[str, float] = {}
     seconds: dict[str, float] = {}
-    for method in methods:
+    for method in chosen:
         summary = read_summary(directories[method])
         if method == "fedavg" and summary["algorithm"] == "fedavg-ft":
             final[method] = summary["final_accuracy_before_finetune"]
         else:
             final[method] = summary["final_accuracy"]
         seconds[method] = summary["wall_seconds"]
-    config = read_config(directories[methods[0]])
+    config = read_config(directories[chosen[0]])
     result = {
         "dataset": args.dataset,
         "final_accuracy": final,
@@ -124,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quick": args.quick,
     }
     write_summary(out, result)
-    rows = [(m, 100 * final[m], seconds[m]) for m in methods]
+    rows = [(m, 100 * final[m], seconds[m]) for m in chosen]
     table = markdown_table(["method", "final accuracy (%)", "wall seconds"], rows)
     title = (
         f"{args.dataset}, {config['num-clients']} clients x {config['classes-per-client']} "
@@ -133,8 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "table.md").write_text(f"# {title}\n\n{table}")
     curves = [
         (m, read_rounds(directories[m]))
-        for m in methods
-        if m != "fedavg-ft" or "fedavg" not in methods
+        for m in chosen
+        if m != "fedavg-ft" or "fedavg" not in chosen
     ]
     plot_rounds(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
