@@ -232,6 +232,22 @@ _BUILT_IN = (
         paper="local training only",
     ),
     AlgorithmSpec(
+        name="ditto",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client="clients.ditto:DittoClient",
+        settings=(
+            Setting(
+                "ditto-lambda",
+                0.1,
+                "Ditto: weight of (lambda/2)||v - w||^2 pulling the personal model v toward "
+                "the global model w",
+                minimum=0.0,
+            ),
+        ),
+        paper="Li et al., ICML 2021",
+    ),
+    AlgorithmSpec(
         name="fedsgd",
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,
