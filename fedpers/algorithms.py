@@ -248,6 +248,14 @@ _BUILT_IN = (
         paper="Li et al., ICML 2021",
     ),
     AlgorithmSpec(
+        name="fedbabu",
+        family=Family.PERSONALIZED,
+        shared=(BODY,),
+        phases=(Phase((BODY,)),),
+        final_test=FinalTest.FINETUNE,
+        paper="Oh et al., ICLR 2022",
+    ),
+    AlgorithmSpec(
         name="fedsgd",
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,

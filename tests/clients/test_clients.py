@@ -38,6 +38,7 @@ def _client(
         ("fedavg", {"body", "head"}, set()),
         ("lg-fedavg", {"head"}, {"body"}),
         ("local", set(), {"body", "head"}),
+        ("fedbabu", {"body"}, {"head"}),
     ],
 )
 def test_each_algorithm_shares_and_keeps_its_parts(algorithm: str, shared: set, kept: set) -> None:
@@ -186,3 +187,29 @@ def test_gmm_embedding_from_a_local_resnet18_file(tmp_path: Any) -> None:
     z = client.embed(client.data.x_train, {"pca.mean": np.zeros(512), "pca.directions": directions})
     assert z.shape == (len(client.data.y_train), 8)
     assert np.all(np.isfinite(z))
+
+
+def test_fedbabu_trains_only_the_body_and_its_head_stays_the_shared_initial_one() -> None:
+    # Prepare: two clients of different partitions, same seeded model
+    states = [RecordDict(), RecordDict()]
+    clients = [_client("fedbabu", states[p], partition=p) for p in (0, 1)]
+    initial_head = {
+        name: value.detach().numpy().copy()
+        for name, value in clients[0].model.named_parameters()
+        if name.startswith("head.")
+    }
+    # Execute: a round of local training on each
+    replies = [c.fit(c.initial_arrays(), ConfigRecord(TRAIN))[0] for c in clients]
+    # Assert: only the body moved and went back; both heads are still the initial head
+    for client, state, reply in zip(clients, states, replies, strict=True):
+        assert {name.split(".")[0] for name in reply} == {"body"}
+        stored = state[protocol.STATE_PERSONAL]
+        assert set(stored) == set(initial_head)
+        for name, value in initial_head.items():
+            np.testing.assert_array_equal(stored[name].numpy(), value)
+            np.testing.assert_array_equal(
+                dict(client.model.named_parameters())[name].detach().numpy(), value
+            )
+    assert any(
+        not np.array_equal(replies[0][name], replies[1][name]) for name in replies[0]
+    )  # the bodies did train, on different data

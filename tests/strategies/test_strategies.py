@@ -182,8 +182,9 @@ def test_local_sends_no_arrays() -> None:
     assert all(len(m.content[protocol.ARRAYS]) == 0 for m in _messages(grid, MessageType.TRAIN))
 
 
-def test_fedavg_ft_final_evaluation_finetunes_every_node() -> None:
-    grid, config = _grid(4, algorithm="fedavg-ft", fraction_train=0.5)
+@pytest.mark.parametrize("algorithm", ["fedavg-ft", "fedbabu"])
+def test_final_test_finetunes_every_node(algorithm: str) -> None:
+    grid, config = _grid(4, algorithm=algorithm, fraction_train=0.5)
     strategy = build_strategy(config)
     _run(strategy, grid, config, rounds=2)
     before = len(grid.sent)
