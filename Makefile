@@ -25,6 +25,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy examples/server_momentum/fedpers_server_momentum.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest

@@ -9,14 +9,21 @@ server code, a server never loads torch).
 An algorithm that differs from another only in what it shares or trains is a row and
 nothing else (FedPer, LG-FedAvg and FedBABU against FedRep). One that needs more names
 its own strategy and/or client class. Users add their own from their own package with
-``register`` (or the ``fedpers.algorithms`` entry-point group), without editing fedpers::
+``register``, without editing fedpers::
 
     from fedpers.algorithms import AlgorithmSpec, Family, register
     register(AlgorithmSpec(name="my-fedper", family=Family.PERSONALIZED, shared=("body",)))
+
+For the ServerApp and every ClientApp process to know it, the package declares a
+function that registers its algorithms (and data sets, ``fedpers.data.sources.
+register_dataset``, and models, ``fedpers.models.register_model``) in the entry-point
+group ``fedpers.extensions``; ``load_extensions`` calls each once per process, before
+any run configuration is parsed (see examples/server_momentum).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,7 +32,7 @@ from typing import Any
 
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
-ENTRY_POINT_GROUP = "fedpers.algorithms"
+ENTRY_POINT_GROUP = "fedpers.extensions"
 
 
 class Family(StrEnum):
@@ -300,7 +307,6 @@ _BUILT_IN = (
 )
 
 _TABLE: dict[str, AlgorithmSpec] = {spec.name: spec for spec in _BUILT_IN}
-_entry_points_loaded = False
 
 
 def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
@@ -335,19 +341,13 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
     return spec
 
 
-def _load_entry_points() -> None:
-    """Register the rows that installed packages declare (group ``fedpers.algorithms``:
-    each entry point is an ``AlgorithmSpec`` or a callable returning one or several)."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
+@functools.cache
+def load_extensions() -> None:
+    """Call, once per process, every function that installed packages declare in the
+    entry-point group ``fedpers.extensions`` (each registers algorithms, data sets or
+    models)."""
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        value = entry.load()
-        specs = value() if callable(value) else value
-        for spec in specs if isinstance(specs, list | tuple) else [specs]:
-            if spec.name not in _TABLE:
-                register(spec)
+        entry.load()()
 
 
 def get(name: str) -> AlgorithmSpec:
@@ -358,7 +358,7 @@ def get(name: str) -> AlgorithmSpec:
     KeyError
         With the known names, if ``name`` is not in the table.
     """
-    _load_entry_points()
+    load_extensions()
     try:
         return _TABLE[name]
     except KeyError:
@@ -370,13 +370,13 @@ def get(name: str) -> AlgorithmSpec:
 
 def names() -> list[str]:
     """Every registered algorithm name, built-in ones first."""
-    _load_entry_points()
+    load_extensions()
     return list(_TABLE)
 
 
 def all_specs() -> list[AlgorithmSpec]:
     """Every registered row."""
-    _load_entry_points()
+    load_extensions()
     return list(_TABLE.values())
 
 

@@ -25,7 +25,7 @@ import functools
 import math
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -137,15 +137,20 @@ class SheafVariant(StrEnum):
     PRIVATE = "private"
 
 
-def setting(default: _T, description: str, *, choices: Sequence[str] = ()) -> _T:
+def setting(
+    default: _T,
+    description: str,
+    *,
+    choices: Callable[[], Sequence[str]] | None = None,
+) -> _T:
     """Declare a run-config key: its default and what it means, in one line.
 
     The key is the attribute name with ``_`` replaced by ``-``, its type the attribute's
     annotation, its group the class that declares it. ``choices`` restricts a plain
-    ``str`` key to a list that lives elsewhere (the data-set registry); keys with a
-    fixed set of values are ``StrEnum``s instead.
+    ``str`` key to a list that lives elsewhere and may grow (the registered data sets
+    and models); keys with a fixed set of values are ``StrEnum``s instead.
     """
-    metadata = {_DESCRIPTION: description, _CHOICES: tuple(choices)}
+    metadata = {_DESCRIPTION: description, _CHOICES: choices}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -163,12 +168,12 @@ class ExperimentSettings:
         "mnist1d",
         "`mnist`, `femnist`, `cifar10`, `cifar100` are read from `data-root`; the others "
         "are generated or ship with a package",
-        choices=tuple(DATASETS),
+        choices=lambda: tuple(DATASETS),
     )
     model: str = setting(
         "auto",
         "`auto`: the data set's default; otherwise a model that takes its inputs",
-        choices=("auto", *MODEL_INPUTS),
+        choices=lambda: ("auto", *MODEL_INPUTS),
     )
     seed: int = setting(0, "every random choice (data, partition, model, sampling, batches)")
 
@@ -523,6 +528,11 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                 f"unknown run-config key(s): {keys}. Every key must exist in "
                 "[tool.flwr.app.config] of pyproject.toml."
             )
+        # Keys an algorithm declares take its default when absent: a package that
+        # registers an algorithm cannot add them to every app's pyproject.
+        for key in schema().values():
+            if key.group == ALGORITHM_GROUP:
+                given.setdefault(key.attribute, key.default)
         missing = sorted(set(settings) - set(given))
         if missing:
             keys = ", ".join(k.replace("_", "-") for k in missing)
@@ -866,7 +876,9 @@ ALGORITHM_GROUP = "algorithms"  # keys that rows of the algorithm table declare 
 
 def schema() -> dict[str, Key]:
     """Every run-config key, by key: the core keys grouped in the order of ``GROUPS``,
-    then the keys that registered algorithms declare (``AlgorithmSpec.settings``)."""
+    then the keys that registered algorithms declare (``AlgorithmSpec.settings``).
+    Installed extensions (``fedpers.algorithms.load_extensions``) are loaded first."""
+    algorithms.load_extensions()
     declared = {
         setting.key: Key(
             key=setting.key,
@@ -883,15 +895,15 @@ def schema() -> dict[str, Key]:
     return {**core_schema(), **declared}
 
 
-@functools.cache
 def core_schema() -> dict[str, Key]:
     """The keys every run has, by key, grouped and in the order of ``GROUPS``."""
     settings: dict[str, Key] = {}
     for group, cls in GROUPS.items():
-        hints = get_type_hints(cls)
+        hints = _hints(cls)
         for f in dataclasses.fields(cls):
             kind = hints[f.name]
-            choices = f.metadata[_CHOICES]
+            allowed = f.metadata[_CHOICES]
+            choices: tuple[str, ...] = tuple(allowed()) if allowed is not None else ()
             if issubclass(kind, StrEnum):
                 choices = tuple(member.value for member in kind)
             key = f.name.replace("_", "-")
@@ -982,6 +994,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------- helpers
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
 def _group_summaries() -> dict[str, str]:
     """Every group that has keys, with the first line of its docstring."""
     summaries = {group: _summary(cls) for group, cls in GROUPS.items()}

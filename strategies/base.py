@@ -124,6 +124,26 @@ class FedpersStrategy(Strategy):
             or server_round > last - self.run.final_rounds
         )
 
+    # ------------------------------------------------------------ round settings
+    def train_config(self) -> ConfigRecord:
+        """What the server may change per round travels in the message: the epochs and
+        the learning rate (scaled by the schedule in ``train_contents``; the round
+        number is added there too). Every other setting the clients read from their own
+        typed run configuration."""
+        run = self.run
+        return ConfigRecord(
+            {
+                protocol.EPOCHS: run.epochs,
+                protocol.HEAD_EPOCHS: run.head_epochs,
+                protocol.LR: run.linear_lr if run.is_linear else run.lr,
+            }
+        )
+
+    def evaluate_config(self) -> ConfigRecord:
+        """Evaluation fine-tunes nothing, except in a final test that says so (then
+        with the run's learning rate)."""
+        return ConfigRecord({protocol.FINETUNE_EPOCHS: 0, protocol.LR: self.run.lr})
+
     # ------------------------------------------------------------------ hooks
     def train_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -46,6 +46,7 @@ def run_rounds(
     on_checkpoint: Callable[[int, ArrayRecord], None] | None = None,
 ) -> Result:
     """Rounds ``first_round..num_rounds`` of ``strategy``; see the module docstring.
+    ``train_config`` and ``evaluate_config`` default to the strategy's own.
 
     Raises
     ------
@@ -54,6 +55,8 @@ def run_rounds(
     """
     strategy.summary()
     federation = strategy.federation
+    train_config = strategy.train_config() if train_config is None else train_config
+    evaluate_config = strategy.evaluate_config() if evaluate_config is None else evaluate_config
     result = Result()
     arrays = initial_arrays
     result.arrays = arrays
@@ -63,7 +66,7 @@ def run_rounds(
         started = time.monotonic()
         federation.refresh(grid, timeout=timeout)
         contents = strategy.train_contents(
-            server_round, arrays, ConfigRecord(dict(train_config or {})), grid
+            server_round, arrays, ConfigRecord(dict(train_config)), grid
         )
         exchange = federation.exchange(grid, MessageType.TRAIN, contents, timeout=timeout)
         for partition in sorted(set(exchange.failures) - set(exchange.replies)):
@@ -80,7 +83,7 @@ def run_rounds(
         evaluate_metrics, evaluated = None, 0
         if strategy.evaluates(server_round, num_rounds):
             to_evaluate = strategy.evaluate_contents(
-                server_round, arrays, ConfigRecord(dict(evaluate_config or {}))
+                server_round, arrays, ConfigRecord(dict(evaluate_config))
             )
             if to_evaluate:
                 evaluation = federation.exchange(

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedpers import linear, protocol
@@ -55,7 +55,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     evaluate_fn = _distance_to_truth(config) if config.is_linear else None
-    evaluate_config = _evaluate_config(config)
+    evaluate_config = strategy.evaluate_config()
     try:
         strategy.federation.connect(grid, timeout=config.node_wait_timeout)
         partitions_known = time.time()
@@ -71,7 +71,6 @@ def main(grid: Grid, context: Context) -> None:
             initial,
             num_rounds=config.num_rounds,
             timeout=config.round_timeout,
-            train_config=_train_config(config),
             evaluate_config=evaluate_config,
             evaluate_fn=evaluate_fn,
             first_round=checkpoint_round + 1,
@@ -151,24 +150,6 @@ def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None
 
 def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
     return {} if metrics is None else {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
-
-
-def _train_config(config: RunConfig) -> ConfigRecord:
-    """What the server may change per round travels in the message (the round number is
-    added by the strategy, the learning rate scaled by its schedule); every other
-    setting the clients read from their own typed run configuration."""
-    return ConfigRecord(
-        {
-            protocol.EPOCHS: config.epochs,
-            protocol.HEAD_EPOCHS: config.head_epochs,
-            protocol.LR: config.linear_lr if config.is_linear else config.lr,
-        }
-    )
-
-
-def _evaluate_config(config: RunConfig) -> ConfigRecord:
-    """Evaluation fine-tunes nothing, except in a final test that says so."""
-    return ConfigRecord({protocol.FINETUNE_EPOCHS: 0, protocol.LR: config.lr})
 
 
 def _distance_to_truth(config: RunConfig) -> EvaluateFn:

@@ -64,11 +64,13 @@ class MixtureTasks:
     @property
     def scale(self) -> float:
         """Standard deviation of every coordinate within a component."""
-        return 1.0 if self.covariance == "identity" else float(self.dim ** -0.25)
+        return 1.0 if self.covariance == "identity" else float(self.dim**-0.25)
 
     def weights(self, client: int) -> np.ndarray:
         """Client ``client``'s mixture weights ``pi_c ~ Dir(alpha)``."""
-        return rng(self.seed, "mixture-weights", client).dirichlet(np.full(self.components, self.alpha))
+        return rng(self.seed, "mixture-weights", client).dirichlet(
+            np.full(self.components, self.alpha)
+        )
 
     def size(self, client: int) -> int:
         """Number of samples of client ``client``."""
@@ -83,5 +85,5 @@ class MixtureTasks:
         count = self.size(client)
         component = generator.choice(self.components, size=count, p=self.weights(client))
         x = self.means[component] + self.scale * generator.standard_normal((count, self.dim))
-        y = (np.einsum("nd,nd->n", x - self.means[component], self.directions[component]) > 0)
+        y = np.einsum("nd,nd->n", x - self.means[component], self.directions[component]) > 0
         return x.astype(np.float32), y.astype(np.int64), component

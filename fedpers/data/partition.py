@@ -139,18 +139,14 @@ def split_test_like_train(
         offsets = np.concatenate([[0], np.cumsum(counts)])
         for client in np.flatnonzero(counts):
             parts[client].append(pool[offsets[client] : offsets[client + 1]])
-    return [
-        np.sort(np.concatenate(p)) if p else np.array([], dtype=np.int64) for p in parts
-    ]
+    return [np.sort(np.concatenate(p)) if p else np.array([], dtype=np.int64) for p in parts]
 
 
 def _run_partitioner(partitioner: object, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """Apply a flwr-datasets partitioner to a label vector; return index arrays."""
     from datasets import Dataset as HFDataset
 
-    table = HFDataset.from_dict(
-        {"label": labels.astype(np.int64), "index": np.arange(len(labels))}
-    )
+    table = HFDataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(len(labels))})
     partitioner.dataset = table  # type: ignore[attr-defined]
     return [
         np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)  # type: ignore[attr-defined]

@@ -78,9 +78,7 @@ DATASETS: dict[str, DatasetInfo] = {
         (3, 32, 32),
         "cifar10-cnn",
         embedded=False,
-        how_to_get=_TORCHVISION_HINT.format(
-            cls="CIFAR10", extra="", folder="cifar-10-batches-py"
-        ),
+        how_to_get=_TORCHVISION_HINT.format(cls="CIFAR10", extra="", folder="cifar-10-batches-py"),
         image_shape=(3, 32, 32),
     ),
     "cifar100": DatasetInfo(
@@ -88,9 +86,7 @@ DATASETS: dict[str, DatasetInfo] = {
         (3, 32, 32),
         "cifar100-cnn",
         embedded=False,
-        how_to_get=_TORCHVISION_HINT.format(
-            cls="CIFAR100", extra="", folder="cifar-100-python"
-        ),
+        how_to_get=_TORCHVISION_HINT.format(cls="CIFAR100", extra="", folder="cifar-100-python"),
         image_shape=(3, 32, 32),
     ),
 }

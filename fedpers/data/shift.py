@@ -21,7 +21,8 @@ def parse_transforms(spec: str) -> tuple[str, ...]:
     unknown = [n for n in names if n not in TRANSFORMS]
     if not names or unknown:
         raise ValueError(
-            f"unknown image transform(s) {unknown or spec!r}; combine {', '.join(TRANSFORMS)} with '+'"
+            f"unknown image transform(s) {unknown or spec!r}; "
+            f"combine {', '.join(TRANSFORMS)} with '+'"
         )
     return names
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpers.data.registry import DATASETS
+from fedpers.data.registry import DATASETS, DatasetInfo
 from fedpers.seeding import int_seed, isolated_global_numpy_and_random
 
 MNIST1D_TRAIN_SPLIT = 0.8
 
 
-class DatasetNotFound(FileNotFoundError):
+class DatasetNotFound(FileNotFoundError):  # noqa: N818  # public name, kept
     """A data set that must come from a local root is not there."""
 
 
@@ -64,6 +64,34 @@ class Dataset:
         return x
 
 
+Loader = Callable[[str, int], Dataset]  # (data root, seed) -> Dataset
+_REGISTERED: dict[str, Loader] = {}
+
+
+def register_dataset(name: str, info: DatasetInfo, loader: Loader) -> None:
+    """Make data set ``name`` available to every run (``dataset = "<name>"``).
+
+    Parameters
+    ----------
+    name : str
+        The run-config value that selects it; must not name a built-in data set.
+    info : DatasetInfo
+        Its classes, input shape and default model (checked before a run starts).
+    loader : callable
+        ``(data_root, seed) -> Dataset`` with the whole train and test sets; fedpers
+        partitions them over the clients with the run's partitioner.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is taken.
+    """
+    if name in DATASETS:
+        raise ValueError(f"data set '{name}' exists already; choose another name")
+    DATASETS[name] = info
+    _REGISTERED[name] = loader
+
+
 def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset:
     """Load (or generate) data set ``name``.
 
@@ -84,6 +112,8 @@ def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset
         return _digits(seed, root)
     if name in ("mnist", "femnist", "cifar10", "cifar100"):
         return _torchvision(name, root)
+    if name in _REGISTERED:
+        return _REGISTERED[name](root, seed)
     raise ValueError(f"load_dataset: no loader for data set '{name}'")
 
 
@@ -136,7 +166,9 @@ def mnist1d_client(
     """
     count = train + test
     labels = np.asarray(classes)[np.arange(count) % len(classes)]
-    order = np.random.default_rng(int_seed(seed, "mnist1d-client-order", partition_id)).permutation(count)
+    order = np.random.default_rng(int_seed(seed, "mnist1d-client-order", partition_id)).permutation(
+        count
+    )
     labels = labels[order]
     x = _mnist1d_samples(labels, int_seed(seed, "mnist1d-client", partition_id) % (2**32 - 1))
     mean, std = _mnist1d_scale()
@@ -160,7 +192,7 @@ def _mnist1d_samples(labels: np.ndarray, numpy_seed: int) -> np.ndarray:
 
     args, templates = get_dataset_args(), get_templates()
     with isolated_global_numpy_and_random():
-        np.random.seed(numpy_seed)
+        np.random.seed(numpy_seed)  # noqa: NPY002  # mnist1d draws from the global RNG
         return np.stack([transform(templates["x"][y], templates["t"], args)[0] for y in labels])
 
 
@@ -186,7 +218,9 @@ def _digits(seed: int, root: str) -> Dataset:
         )
         arrays = {"x": x_train, "y": y_train, "x_test": x_test, "y_test": y_test}
         _atomic_savez(cache, arrays)
-    return Dataset("digits", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], scale=16.0)
+    return Dataset(
+        "digits", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], scale=16.0
+    )
 
 
 # ------------------------------------------------------------------ torchvision
@@ -225,10 +259,8 @@ def _torchvision(name: str, root: str) -> Dataset:
             ) from error
         x = np.asarray(data.data)
         y = np.asarray(data.targets, dtype=np.int64)
-        if x.ndim == 3:  # grey images: add the channel axis
-            x = x[:, None, :, :]
-        else:  # CIFAR stores HWC
-            x = x.transpose(0, 3, 1, 2)
+        # grey images: add the channel axis; CIFAR stores HWC
+        x = x[:, None, :, :] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
         if name == "femnist":
             # EMNIST letters: labels 1..26 for a..z; the FedRep paper keeps a-j. The
             # images are stored transposed.

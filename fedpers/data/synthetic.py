@@ -42,9 +42,7 @@ class LinearTasks:
     @cached_property
     def representation(self) -> np.ndarray:
         """Ground truth ``B*`` (d x k) with orthonormal columns."""
-        gaussian = rng(self.seed, "linear-representation").standard_normal(
-            (self.dim, self.rank)
-        )
+        gaussian = rng(self.seed, "linear-representation").standard_normal((self.dim, self.rank))
         q, r = np.linalg.qr(gaussian)
         return q * np.sign(np.diag(r))
 

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpers.data.registry import MODEL_INPUTS
+
 
 class SplitModel(nn.Module):
     """``head(body(x))`` with the two parts addressable by name."""
@@ -100,6 +102,36 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "cifar10-cnn": _cifar10_cnn,
     "cifar100-cnn": _cifar100_cnn,
 }
+
+
+def register_model(
+    name: str,
+    builder: Callable[[tuple[int, ...], int], SplitModel],
+    *,
+    input_shape: tuple[int, ...] | None,
+) -> None:
+    """Make model ``name`` available to every run (``model = "<name>"``).
+
+    Parameters
+    ----------
+    name : str
+        The run-config value that selects it; must not name a built-in model.
+    builder : callable
+        ``(input_shape, num_classes) -> SplitModel`` whose parameters are named
+        ``body.*`` and ``head.*``; called under a seeded torch RNG.
+    input_shape : tuple of int, or None
+        The one input shape it takes (checked against the data set before a run
+        starts), or None for any.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is taken.
+    """
+    if name in MODELS or name in MODEL_INPUTS:
+        raise ValueError(f"model '{name}' exists already; choose another name")
+    MODELS[name] = builder
+    MODEL_INPUTS[name] = input_shape
 
 
 def build_model(

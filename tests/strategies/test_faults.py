@@ -14,7 +14,6 @@ from fedpers.config import RunConfig
 from fedpers.results import RoundRecord
 from strategies import build_strategy
 from strategies.rounds import RoundFailedError
-from strategies.server_app import _evaluate_config, _train_config
 from tests.helpers import InProcessGrid, run_config
 
 
@@ -44,8 +43,6 @@ def _run(
         strategy.initial_arrays(grid, timeout=5),
         num_rounds=rounds,
         timeout=5,
-        train_config=_train_config(config),
-        evaluate_config=_evaluate_config(config),
         on_round=records.append,
     )
     return records, result, grid
