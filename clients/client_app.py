@@ -34,6 +34,7 @@ from clients.common import (
     PilotAgent,
     SeedsModel,
 )
+from clients.linear import TEST_SAMPLES as LINEAR_TEST_SAMPLES
 from fedpers import protocol
 from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes
@@ -150,8 +151,8 @@ def info(msg: Message, context: Context) -> Message:
     """Which partition this node holds, and how many samples."""
     run = _run(context)
     partition = _partition(context)
-    if run.is_linear:  # fresh samples every round: nothing stored
-        num_train, num_test = run.linear_samples, 0
+    if run.is_linear:  # fresh samples for every round and every test: nothing stored
+        num_train, num_test = run.linear_samples, LINEAR_TEST_SAMPLES
     elif run.partitioner == Partitioner.GENERATED:  # known without generating anything
         num_train, num_test = generated_sizes(run)
     else:  # the data alone: no model, no torch, for a message every node answers

@@ -108,7 +108,13 @@ class Federation:
                 f"no node holds partition(s) {missing[:10]}; expected partitions "
                 f"0..{self.num_nodes - 1} (num-partitions = num-clients = {self.num_nodes})"
             )
-        logger.info("%d nodes registered, partitions 0..%d", len(node_ids), self.num_nodes - 1)
+        logger.info(
+            "%d nodes registered, partitions 0..%d, %d training and %d test samples in all",
+            len(node_ids),
+            self.num_nodes - 1,
+            sum(self.train_sizes.values()),
+            sum(self.test_sizes.values()),
+        )
 
     def refresh(self, grid: Grid, *, timeout: float) -> None:
         """Learn the partition of nodes that registered since ``connect``.
