@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from fedpers import algorithms
+from fedpers.aggregation import Aggregation
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.data.registry import DATASETS, MODEL_INPUTS
 from fedpers.data.shift import TRANSFORMS, parse_transforms
@@ -352,6 +353,28 @@ class FaultSettings:
 
 
 @dataclass(frozen=True)
+class RobustnessSettings:
+    """How the server combines the shared parts, against bad or hostile updates."""
+
+    aggregation: Aggregation = setting(
+        Aggregation.MEAN,
+        "`mean` (FedAvg's, by num-examples), coordinate-wise `trimmed-mean` or `median` "
+        "(unweighted), or `clipped-mean` (updates clipped to a multiple of their median "
+        "norm); for every algorithm's shared parts",
+    )
+    aggregation_trim: float = setting(
+        0.2, "trimmed-mean: fraction of the values cut at each end, per coordinate"
+    )
+    aggregation_clip: float = setting(
+        2.0, "clipped-mean: largest update norm, in multiples of the round's median norm"
+    )
+
+    def _check_robustness(self) -> None:
+        _within("aggregation-trim", self.aggregation_trim, "[0, 0.5)")
+        _positive("aggregation-clip", self.aggregation_clip)
+
+
+@dataclass(frozen=True)
 class LinearSettings:
     """Linear representation learning, FedRep's Section 4 (dataset "linear")."""
 
@@ -479,6 +502,7 @@ GROUPS: dict[str, type] = {
     "training": TrainingSettings,
     "resources": ResourceSettings,
     "faults": FaultSettings,
+    "robustness": RobustnessSettings,
     "linear": LinearSettings,
     "mixtures": MixtureSettings,
     "sheaf": SheafSettings,
@@ -493,6 +517,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
     SheafSettings,
     MixtureSettings,
     LinearSettings,
+    RobustnessSettings,
     FaultSettings,
     ResourceSettings,
     TrainingSettings,
@@ -656,6 +681,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_training()
         self._check_resources()
         self._check_faults()
+        self._check_robustness()
         self._check_linear()
         self._check_mixtures()
         self._check_sheaf()

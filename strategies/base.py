@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedpers import protocol
-from fedpers.aggregation import weighted_mean
+from fedpers.aggregation import aggregate
 from fedpers.algorithms import FinalTest
 from fedpers.config import LrSchedule, RunConfig
 from fedpers.protocol import FinalTestResult
@@ -81,6 +81,7 @@ class FedpersStrategy(Strategy):
         self.accepted: dict[int, int] = {}
         self.rejections: dict[int, list[str]] = {}
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
+        self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
@@ -152,6 +153,7 @@ class FedpersStrategy(Strategy):
         and the round's settings (the learning rate under the schedule)."""
         config[protocol.ROUND] = server_round
         self.sent_arrays = screening.array_specs(arrays)
+        self.current_shared = {name: array.numpy() for name, array in arrays.items()}
         if protocol.LR in config:
             base_lr = float(config[protocol.LR])  # type: ignore[arg-type]
             config[protocol.LR] = base_lr * self.lr_factor(server_round)
@@ -172,31 +174,59 @@ class FedpersStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Weighted average (``fedpers.aggregation.weighted_mean``) of the shared arrays
-        of the replies that pass ``screen``, weighted by their ``num-examples``."""
-        valid = self.screen(server_round, replies)
+        """The shared arrays of the replies that pass ``screen``, aggregated by the run's
+        ``aggregation`` (the default: ``fedpers.aggregation.weighted_mean``, weighted by
+        ``num-examples``); None without a reply that carries weight."""
+        valid = [r for r in self.screen(server_round, replies) if screening.num_examples(r) > 0]
         if not valid:
             return None, None
         contents = [reply.content for reply in valid]
         metrics = _mean_metrics(contents)
         if not self.shared:
             return None, metrics
-        arrays = [
-            {k: v.numpy() for k, v in c.array_records.get(protocol.ARRAYS, ArrayRecord()).items()}
-            for c in contents
-        ]
-        averaged = weighted_mean(arrays, [_num_examples(c) for c in contents])
+        arrays = [screening.arrays_of(reply) for reply in valid]
+        weights = [screening.num_examples(reply) for reply in valid]
+        averaged = self.combine(arrays, weights, self.current_shared)
         record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in averaged.items()})
         return record, metrics
+
+    def combine(
+        self,
+        arrays: list[dict[str, np.ndarray]],
+        weights: list[float],
+        reference: dict[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """The run's ``aggregation`` of clients' arrays (``reference``: the current global
+        values, from which clipped updates are measured)."""
+        return aggregate(
+            self.run.aggregation,
+            arrays,
+            weights,
+            reference=reference,
+            trim=self.run.aggregation_trim,
+            clip=self.run.aggregation_clip,
+        )
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Metrics of the replies without error, weighted by ``num-examples``."""
-        contents = [
-            r.content for r in replies if not r.has_error() and screening.weight_defect(r) is None
-        ]
-        return _mean_metrics(contents)
+        """Metrics of the replies that pass ``defect`` and ``weight_defect``, weighted by
+        ``num-examples``."""
+        checks = [screening.defect, screening.weight_defect]
+        screened = screening.screen(replies, checks, self.federation.partition)
+        return _mean_metrics([r.content for r in screened.kept])
+
+    def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
+        """Why a new global state must not be adopted, or None: its arrays must be
+        those of the previous state (names, shapes, dtypes) and finite."""
+        if len(previous) and screening.array_specs(new) != screening.array_specs(previous):
+            return "its arrays differ from the previous global state's"
+        for name, array in new.items():
+            try:
+                screening.decode(name, array)
+            except screening.ScreeningError as error:
+                return str(error)
+        return None
 
     def final_test(
         self,
@@ -222,23 +252,46 @@ class FedpersStrategy(Strategy):
     # ------------------------------------------------------------------ screening
     def checks(self) -> list[screening.Check]:
         """The checks a training reply must pass, in order (an algorithm may add)."""
-        return [
-            screening.defect,
-            screening.weight_defect,
-            lambda reply: screening.arrays_mismatch(
-                reply.content.array_records.get(protocol.ARRAYS, ArrayRecord()),
-                self.sent_arrays,
-                require_all=bool(self.shared),
-            ),
-        ]
+        return [screening.defect, screening.weight_defect, self.arrays_check]
+
+    def expected_arrays(self) -> dict[str, screening.ArraySpec]:
+        """The arrays a training reply must carry: exactly the shared ones sent."""
+        return dict(self.sent_arrays) if self.shared else {}
+
+    def arrays_check(self, reply: Message) -> str | None:
+        """``screening.arrays_defect`` against ``expected_arrays``."""
+        returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
+        return screening.arrays_defect(returned, self.expected_arrays())
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Training replies fit to aggregate; the others are logged and recorded."""
+        """Training replies fit to aggregate; the others are logged and recorded.
+
+        No reply weighs more than its node holds: ``num-examples`` is capped at the
+        training samples the node reported when it registered. Replies of weight zero
+        are kept but do not count as usable (``min-replies``).
+        """
         screened = screening.screen(replies, self.checks(), self.federation.partition)
         for partition, reason in screened.rejected:
             self.reject(server_round, partition, reason)
-        self.accepted[server_round] = len(screened.kept)
+        for reply in screened.kept:
+            held = self.federation.train_sizes.get(self.federation.partition(reply))
+            if held is not None and screening.num_examples(reply) > held:
+                metrics = reply.content.metric_records[protocol.METRICS]
+                note = f"num-examples {metrics[protocol.NUM_EXAMPLES]} capped at {held}"
+                self.note(server_round, self.federation.partition(reply), note)
+                metrics[protocol.NUM_EXAMPLES] = float(held)
+        self.accepted[server_round] = sum(screening.num_examples(r) > 0 for r in screened.kept)
         return screened.kept
+
+    def reject_state(self, server_round: int, reason: str) -> None:
+        """Record that the round's new global state was not adopted, and why."""
+        logger.warning("round %d: kept the previous global state: %s", server_round, reason)
+        self.rejections.setdefault(server_round, []).append(f"global state not adopted: {reason}")
+
+    def note(self, server_round: int, partition: int, what: str) -> None:
+        """Record something the server did to ``partition``'s reply (kept, but changed)."""
+        logger.warning("round %d: partition %d: %s", server_round, partition, what)
+        self.rejections.setdefault(server_round, []).append(f"partition {partition}: {what}")
 
     def reject(self, server_round: int, partition: int, reason: str) -> None:
         """Record that ``partition``'s reply in ``server_round`` was left out, and why."""
@@ -314,14 +367,10 @@ class FedpersStrategy(Strategy):
         )
 
 
-def _num_examples(content: RecordDict) -> float:
-    value = content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]
-    return float(value)  # type: ignore[arg-type]
-
-
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:
     """Flower's weighted mean of the replies' metrics (by ``num-examples``); None when
     there is nothing to weigh."""
-    if not contents or not sum(_num_examples(c) for c in contents) > 0:
+    weights = [float(c.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]) for c in contents]  # type: ignore[arg-type]
+    if not contents or not sum(weights) > 0:
         return None
     return aggregate_metricrecords(contents, protocol.NUM_EXAMPLES)

@@ -16,7 +16,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
+from fedpers.aggregation import Aggregation
 from fedpers.config import RunConfig
+from strategies import screening
 from strategies.base import FedpersStrategy, _mean_metrics
 
 
@@ -52,6 +54,44 @@ class FedEM(FedpersStrategy):
         self.current = arrays
         return super().train_contents(server_round, arrays, config, grid)
 
+    # ---------------------------------------------------------------- screening
+    def expected_arrays(self) -> dict[str, screening.ArraySpec]:
+        """The learners as sent, and ``gamma_c`` (M1, M2)."""
+        learners = {
+            name: spec
+            for name, spec in self.sent_arrays.items()
+            if any(name.startswith(protocol.learner_prefix(m)) for m in range(self.learners))
+        }
+        return {**learners, protocol.GAMMA: ((self.components, self.learners), "float64")}
+
+    def checks(self) -> list[screening.Check]:
+        """FedpersStrategy's, then the responsibilities' invariants."""
+        return [*super().checks(), self.responsibilities_defect]
+
+    def responsibilities_defect(self, reply: Message) -> str | None:
+        """``gamma_c`` must be non-negative and sum to the client's samples (each sample's
+        responsibilities sum to one)."""
+        gamma = screening.arrays_of(reply)[protocol.GAMMA]
+        if np.any(gamma < 0):
+            return "negative responsibilities"
+        samples = screening.num_examples(reply)
+        if not abs(float(gamma.sum()) - samples) <= 1e-6 * max(1.0, samples):
+            return (
+                f"responsibilities sum to {float(gamma.sum()):.6g}, not to its {samples:g} samples"
+            )
+        return None
+
+    def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
+        """FedpersStrategy's, and the global mixture weights must be a distribution."""
+        reason = super().state_defect(new, previous)
+        if reason is not None:
+            return reason
+        weights = new[protocol.MIXTURE_WEIGHTS].numpy()
+        if np.any(weights < 0) or not abs(float(weights.sum()) - 1.0) <= 1e-6:
+            return "the global mixture weights are not a distribution"
+        return None
+
+    # -------------------------------------------------------------- aggregation
     def learner_weights(self, content: RecordDict) -> np.ndarray:
         """Weight of a client's learners in their averages (M2,): its sample count."""
         count = float(content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES])  # type: ignore[arg-type]
@@ -61,7 +101,7 @@ class FedEM(FedpersStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weighted learner averages, global weights, and (FedGMM) the components."""
-        valid = self.screen(server_round, replies)
+        valid = [r for r in self.screen(server_round, replies) if screening.num_examples(r) > 0]
         if not valid:
             return None, None
         contents = [reply.content for reply in valid]
@@ -72,9 +112,19 @@ class FedEM(FedpersStrategy):
             if not weights[:, m].sum() > 0:
                 continue  # no client used this learner: keep it
             prefix = protocol.learner_prefix(m)
-            for name in (n for n in updated if n.startswith(prefix)):
-                average = gmm.weighted_average([a[name].numpy() for a in arrays], weights[:, m])
-                updated[name] = average.astype(updated[name].dtype)
+            names = [n for n in updated if n.startswith(prefix)]
+            if self.run.aggregation == Aggregation.MEAN:
+                for name in names:
+                    average = gmm.weighted_average([a[name].numpy() for a in arrays], weights[:, m])
+                    updated[name] = average.astype(updated[name].dtype)
+                continue
+            users = [c for c in range(len(arrays)) if weights[c, m] > 0]
+            combined = self.combine(
+                [{n: arrays[c][n].numpy() for n in names} for c in users],
+                [float(weights[c, m]) for c in users],
+                {n: updated[n] for n in names},
+            )
+            updated.update(combined)
         gammas = [a[protocol.GAMMA].numpy() for a in arrays]
         updated[protocol.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
         updated.update(self.aggregate_components(arrays, gammas))

@@ -19,7 +19,7 @@ personal weights ``pi_c(m1, m2)``. The server
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
@@ -31,6 +31,7 @@ from fedpers.protocol import (
     SUMMARY_CENTROIDS,
     SUMMARY_COUNTS,
 )
+from strategies import screening
 from strategies.fedem import FedEM
 
 
@@ -54,6 +55,61 @@ class FedGMM(FedEM):
     @property
     def components(self) -> int:
         return self.num_components
+
+    def expected_arrays(self) -> dict[str, screening.ArraySpec]:
+        """FedEM's, and the statistics of the embeddings, shaped as the components."""
+        means = self.sent_arrays[protocol.GMM_MEANS][0]
+        covariances = self.sent_arrays[protocol.GMM_COVARIANCES][0]
+        return {
+            **super().expected_arrays(),
+            protocol.STATS_COUNT: ((means[0],), "float64"),
+            protocol.STATS_FIRST: (means, "float64"),
+            protocol.STATS_SECOND: (covariances, "float64"),
+        }
+
+    def checks(self) -> list[screening.Check]:
+        """FedEM's, then the statistics' invariants."""
+        return [*super().checks(), self.statistics_defect]
+
+    def statistics_defect(self, reply: Message) -> str | None:
+        """The statistics ``(sum r, sum r (z - c), sum r (z - c)(z - c)^T)`` must be those
+        of some data: counts non-negative and equal to ``gamma_c(m1)``, second moments
+        symmetric positive semi-definite, and the implied covariances too."""
+        arrays = screening.arrays_of(reply)
+        count = arrays[protocol.STATS_COUNT]
+        first, second = arrays[protocol.STATS_FIRST], arrays[protocol.STATS_SECOND]
+        if np.any(count < 0):
+            return "negative statistics counts"
+        expected = arrays[protocol.GAMMA].sum(axis=1)
+        if not np.allclose(count, expected, rtol=1e-6, atol=1e-6):
+            return "statistics counts differ from the responsibilities"
+        safe = np.maximum(count, 1e-12)
+        if self.covariance == GmmCovariance.FULL:
+            if reason := screening.symmetric_psd_defect(protocol.STATS_SECOND, second):
+                return reason
+            implied = second - np.einsum("ki,kj->kij", first, first) / safe[:, None, None]
+            return screening.symmetric_psd_defect("implied covariance", implied, tolerance=1e-5)
+        if np.any(second < 0):
+            return f"'{protocol.STATS_SECOND}' has negative variances"
+        implied = second - first**2 / safe[:, None]
+        if np.any(implied < -1e-5 * max(1.0, float(np.max(np.abs(second), initial=0.0)))):
+            return "implied variances are negative"
+        return None
+
+    def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
+        """FedEM's, and every covariance positive definite."""
+        reason = super().state_defect(new, previous)
+        if reason is not None:
+            return reason
+        covariances = new[protocol.GMM_COVARIANCES].numpy()
+        if self.covariance == GmmCovariance.FULL:
+            try:
+                np.linalg.cholesky(covariances)
+            except np.linalg.LinAlgError:
+                return "a global covariance is not positive definite"
+        elif np.any(covariances <= 0):
+            return "a global variance is not positive"
+        return None
 
     def learner_weights(self, content: RecordDict) -> np.ndarray:
         """``gamma_c(m2)``: a client's responsibility for each learner."""

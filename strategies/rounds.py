@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
@@ -73,10 +73,14 @@ def run_rounds(
             strategy.reject(server_round, partition, exchange.failures[partition])
         replies = list(exchange.replies.values())
         strategy.accepted[server_round] = sum(not r.has_error() for r in replies)
-        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
+        new_arrays, train_metrics = _aggregated(strategy, server_round, replies)
         if new_arrays is not None:
-            arrays = new_arrays
-            result.arrays = arrays
+            reason = strategy.state_defect(new_arrays, arrays)
+            if reason is None:
+                arrays = new_arrays
+                result.arrays = arrays
+            else:
+                strategy.reject_state(server_round, reason)
         if train_metrics is not None:
             result.train_metrics_clientapp[server_round] = train_metrics
         trained = time.monotonic()
@@ -123,6 +127,18 @@ def run_rounds(
         if on_checkpoint is not None:
             on_checkpoint(server_round, arrays)
     return result
+
+
+def _aggregated(
+    strategy: FedpersStrategy, server_round: int, replies: list[Message]
+) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    """``strategy.aggregate_train``; an exception there keeps the previous global state
+    and is recorded as the round's, never the run's end."""
+    try:
+        return strategy.aggregate_train(server_round, replies)
+    except Exception as error:
+        strategy.reject_state(server_round, f"aggregation failed: {type(error).__name__}: {error}")
+        return None, None
 
 
 def _plain(metrics: MetricRecord | None) -> dict[str, float]:

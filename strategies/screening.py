@@ -2,62 +2,138 @@
 
 A strategy screens every reply before it reaches an aggregate; a rejected reply is
 recorded with its reason and never averaged. The checks are plain functions of the
-reply (and of what the server expects), so they are tested on their own
-(tests/strategies/test_screening.py) and an algorithm adds its own invariants as one
-more function.
+reply (and of what the server expects), tested on their own
+(tests/strategies/test_screening.py); an algorithm adds its invariants as one more
+function. ``screen`` never raises: a check that fails with an exception rejects the
+reply with that exception as its reason, so no client can crash a run.
+
+What every reply must be, whatever the algorithm:
+
+- no error; only the records the protocol names (``arrays``, ``metrics``);
+- every array serialized as numpy, decoding to the shape and dtype it declares,
+  numeric, finite;
+- every metric a finite int or float (not a list, not a bool);
+- ``num-examples`` present and non-negative (``weight_defect``);
+- exactly the arrays the server expects, with their shapes and dtypes
+  (``arrays_defect``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Message
+from flwr.common.constant import SType
 
 from fedpers import protocol
 
-ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server sent
+ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server expects
 Check = Callable[[Message], str | None]
 
 
+class ScreeningError(ValueError):
+    """A reply's content is not what the protocol says it is; the message says why."""
+
+
+def decode(name: str, array: Array) -> np.ndarray:
+    """The values of ``array``, checked against what it declares.
+
+    Raises
+    ------
+    ScreeningError
+        If it is not numpy-serialized, does not decode, decodes to another shape or
+        dtype than it declares, is not numeric, or holds a non-finite value.
+    """
+    if array.stype != SType.NUMPY:
+        raise ScreeningError(f"array '{name}' is serialized as '{array.stype}', not numpy")
+    try:
+        values = array.numpy()
+    except Exception as error:
+        raise ScreeningError(f"array '{name}' does not decode ({type(error).__name__})") from None
+    if tuple(values.shape) != tuple(array.shape) or str(values.dtype) != array.dtype:
+        raise ScreeningError(
+            f"array '{name}' declares {array.dtype}{list(array.shape)} but holds "
+            f"{values.dtype}{list(values.shape)}"
+        )
+    if values.dtype.kind not in "biuf":
+        raise ScreeningError(f"array '{name}' has non-numeric dtype {values.dtype}")
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+        raise ScreeningError(f"non-finite values in array '{protocol.ARRAYS}/{name}'")
+    return values
+
+
+def arrays_of(reply: Message) -> dict[str, np.ndarray]:
+    """The decoded arrays of a reply's ``arrays`` record (empty without one).
+
+    Raises
+    ------
+    ScreeningError
+        As ``decode``.
+    """
+    record = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
+    return {name: decode(name, array) for name, array in record.items()}
+
+
 def defect(reply: Message) -> str | None:
-    """Why a reply is unusable whatever the algorithm: a client error, or a non-finite
-    value in any of its arrays or metrics."""
+    """Why a reply is unusable whatever the algorithm: a client error, a record the
+    protocol does not name, an array that is not what it declares or not finite, or a
+    metric that is not a finite number."""
     if reply.has_error():
         return f"client error: {reply.error.reason}"
-    for name, arrays in reply.content.array_records.items():
-        for key, array in arrays.items():
-            values = array.numpy()
-            if np.issubdtype(values.dtype, np.number) and not np.all(np.isfinite(values)):
-                return f"non-finite values in array '{name}/{key}'"
-    for metrics in reply.content.metric_records.values():
+    content = reply.content
+    unknown = sorted(
+        {*content.array_records, *content.metric_records, *content.config_records}
+        - {protocol.ARRAYS, protocol.METRICS}
+    )
+    if unknown:
+        return f"records the protocol does not name: {unknown[:3]}"
+    try:
+        arrays_of(reply)
+    except ScreeningError as error:
+        return str(error)
+    for metrics in content.metric_records.values():
         for key, value in metrics.items():
-            if isinstance(value, float) and not np.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return f"metric '{key}' is {type(value).__name__}, not a number"
+            if not math.isfinite(value):
                 return f"non-finite metric '{key}'"
     return None
 
 
+def num_examples(reply: Message) -> float:
+    """The reply's ``num-examples`` (after ``weight_defect`` passed)."""
+    value = reply.content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]
+    return float(value)  # type: ignore[arg-type]
+
+
 def weight_defect(reply: Message) -> str | None:
-    """Why a reply's ``num-examples`` cannot weigh it: missing or negative."""
+    """Why a reply's ``num-examples`` cannot weigh it: missing, not a finite number, or
+    negative."""
     metrics = reply.content.metric_records.get(protocol.METRICS)
     if metrics is None or protocol.NUM_EXAMPLES not in metrics:
         return f"no '{protocol.NUM_EXAMPLES}' metric"
-    if float(metrics[protocol.NUM_EXAMPLES]) < 0:  # type: ignore[arg-type]
+    value = metrics[protocol.NUM_EXAMPLES]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"'{protocol.NUM_EXAMPLES}' is {type(value).__name__}, not a number"
+    if not math.isfinite(value):
+        return f"non-finite metric '{protocol.NUM_EXAMPLES}'"
+    if value < 0:
         return "negative number of examples"
     return None
 
 
-def arrays_mismatch(
-    returned: ArrayRecord, sent: Mapping[str, ArraySpec], *, require_all: bool
+def arrays_defect(
+    returned: ArrayRecord, expected: Mapping[str, ArraySpec], *, exact: bool = True
 ) -> str | None:
-    """Why the arrays a reply returned do not fit those the server sent, or None.
+    """Why the arrays of a reply are not those the server expects, or None.
 
-    Every returned array that the server sent must keep its shape and dtype; with
-    ``require_all`` every sent array must come back. Arrays the server did not send
-    (statistics, gammas) are the algorithm's to check.
+    Every expected array that came back must keep its shape and dtype; with ``exact``
+    every expected array must come back and nothing else may.
     """
-    for name, (shape, dtype) in sent.items():
+    for name, (shape, dtype) in expected.items():
         if name not in returned:
             continue
         value = returned[name]
@@ -65,15 +141,36 @@ def arrays_mismatch(
             return (
                 f"array '{name}' is {value.dtype}{list(value.shape)}, expected {dtype}{list(shape)}"
             )
-    if require_all and set(returned) < set(sent):
-        missing = sorted(set(sent) - set(returned))[:3]
-        return f"arrays missing from the reply: {missing}"
+    if exact:
+        missing = sorted(set(expected) - set(returned))
+        if missing:
+            return f"arrays missing from the reply: {missing[:3]}"
+        extra = sorted(set(returned) - set(expected))
+        if extra:
+            return f"arrays the server did not expect: {extra[:3]}"
     return None
 
 
 def array_specs(arrays: ArrayRecord) -> dict[str, ArraySpec]:
-    """Shape and dtype of every array, as ``arrays_mismatch`` expects them."""
+    """Shape and dtype of every array, as ``arrays_defect`` expects them."""
     return {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()}
+
+
+def spec_of(values: np.ndarray) -> ArraySpec:
+    """``ArraySpec`` of a numpy array (the dtype as Flower's ``Array`` names it)."""
+    return tuple(values.shape), str(values.dtype)
+
+
+def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
+    """Why ``matrices`` (``(..., d, d)``) are not symmetric positive semi-definite within
+    ``tolerance`` relative to their scale, or None."""
+    scale = max(1.0, float(np.max(np.abs(matrices), initial=0.0)))
+    if not np.allclose(matrices, np.swapaxes(matrices, -1, -2), rtol=0, atol=tolerance * scale):
+        return f"'{name}' is not symmetric"
+    lowest = float(np.min(np.linalg.eigvalsh(matrices), initial=0.0))
+    if lowest < -tolerance * scale * matrices.shape[-1]:
+        return f"'{name}' is not positive semi-definite (eigenvalue {lowest:.3g})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -87,11 +184,19 @@ class Screened:
 def screen(
     replies: Iterable[Message], checks: Iterable[Check], partition_of: Callable[[Message], int]
 ) -> Screened:
-    """Apply ``checks`` in order to every reply; the first reason rejects it."""
+    """Apply ``checks`` in order to every reply; the first reason rejects it. A check
+    that raises rejects the reply with the exception as its reason."""
     checks = list(checks)
     kept, rejected = [], []
     for reply in replies:
-        reason = next((r for check in checks if (r := check(reply)) is not None), None)
+        reason = None
+        for check in checks:
+            try:
+                reason = check(reply)
+            except Exception as error:
+                reason = f"screening failed: {type(error).__name__}: {error}"
+            if reason is not None:
+                break
         if reason is None:
             kept.append(reply)
         else:

@@ -6,9 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fedpers.aggregation import AggregationError, weighted_mean
+from fedpers.aggregation import Aggregation, AggregationError, aggregate, weighted_mean
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, width=64)
+ROBUST = {"reference": {"w": np.zeros(2, dtype=np.float32)}, "trim": 0.2, "clip": 2.0}
 
 
 @settings(max_examples=60, deadline=None)
@@ -70,3 +71,53 @@ def test_order_of_replies_does_not_matter(order: list[int]) -> None:
     base = weighted_mean([{"w": v} for v in values], weights)["w"]
     permuted = weighted_mean([{"w": values[i]} for i in order], [weights[i] for i in order])["w"]
     np.testing.assert_allclose(permuted, base, rtol=1e-12, atol=1e-15)
+
+
+# ---- robust aggregation, against hand computations and sorted-order oracles ----------
+def _clients(values: list[float]) -> list[dict[str, np.ndarray]]:
+    return [{"w": np.array([v, -v], dtype=np.float32)} for v in values]
+
+
+def test_trimmed_mean_cuts_the_same_fraction_at_each_end() -> None:
+    # Prepare: 10 clients, one wildly off; trim 0.2 cuts two values at each end
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1e9]
+    # Execute
+    result = aggregate(Aggregation.TRIMMED_MEAN, _clients(values), [1.0] * 10, **ROBUST)["w"]
+    # Assert: the mean of the middle six, computed by hand
+    np.testing.assert_allclose(result, [5.5, -5.5], rtol=1e-6)
+    assert result.dtype == np.float32
+
+
+def test_median_is_numpys_coordinate_median_and_ignores_weights() -> None:
+    rng = np.random.default_rng(0)
+    stacked = rng.standard_normal((7, 3, 2))
+    clients = [{"w": a} for a in stacked]
+    result = aggregate(Aggregation.MEDIAN, clients, [1e12, 1, 1, 1, 1, 1, 1], **ROBUST)["w"]
+    np.testing.assert_array_equal(result, np.sort(stacked, axis=0)[3])
+
+
+def test_clipped_mean_bounds_each_update_by_the_median_norm() -> None:
+    # Prepare: updates of norm 1, 1, 1 and 100 around a reference of zeros
+    reference = {"w": np.zeros(2, dtype=np.float64)}
+    clients = [{"w": np.array([1.0, 0.0])} for _ in range(3)] + [{"w": np.array([0.0, -100.0])}]
+    # Execute: clip at 2 x the median norm (1.0)
+    result = aggregate(
+        Aggregation.CLIPPED_MEAN, clients, [1.0] * 4, reference=reference, trim=0.2, clip=2.0
+    )["w"]
+    # Assert: the outlier counts as (0, -2); the mean is ((3, 0) + (0, -2)) / 4
+    np.testing.assert_allclose(result, [0.75, -0.5], rtol=1e-12)
+
+
+def test_mean_is_weighted_mean_to_the_bit() -> None:
+    rng = np.random.default_rng(1)
+    clients = [{"w": rng.standard_normal((4, 3)).astype(np.float32)} for _ in range(5)]
+    weights = [3.0, 1.0, 4.0, 1.0, 5.0]
+    result = aggregate(Aggregation.MEAN, clients, weights, **ROBUST)
+    np.testing.assert_array_equal(result["w"], weighted_mean(clients, weights)["w"])
+
+
+def test_robust_aggregation_rejects_mismatched_replies() -> None:
+    clients = [{"w": np.zeros(2)}, {"w": np.zeros(3)}]
+    for method in (Aggregation.TRIMMED_MEAN, Aggregation.MEDIAN, Aggregation.CLIPPED_MEAN):
+        with pytest.raises(AggregationError, match="reply 1"):
+            aggregate(method, clients, [1.0, 1.0], reference={"w": np.zeros(2)}, trim=0.1, clip=1)

@@ -47,8 +47,15 @@ def _reply(to_node: int, arrays: dict[str, np.ndarray], num_examples: float) -> 
     return Message(content=content, reply_to=request)
 
 
+def _sent(strategy: FedpersStrategy, arrays: dict[str, np.ndarray]) -> None:
+    """What the strategy sent this round (the replies are screened against it)."""
+    record = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    strategy.train_contents(1, record, ConfigRecord(), grid=None)  # type: ignore[arg-type]
+
+
 def test_fedrep_averages_the_body_weighted_by_examples() -> None:
     strategy = _strategy(num_clients=3)
+    _sent(strategy, {"body.w": np.zeros((2, 2), dtype=np.float32)})
     bodies = [np.full((2, 2), v, dtype=np.float32) for v in (1.0, 2.0, 4.0)]
     replies = [
         _reply(n, {"body.w": b}, w) for n, (b, w) in enumerate(zip(bodies, (1, 1, 2), strict=True))
@@ -65,6 +72,7 @@ def test_linear_fedrep_orthonormalizes_the_average() -> None:
     assert isinstance(strategy, FedRepLinear)
     generator = np.random.default_rng(0)
     b1, b2 = generator.standard_normal((6, 2)), generator.standard_normal((6, 2))
+    _sent(strategy, {"body.weight": np.zeros((2, 6))})
     replies = [_reply(0, {"body.weight": b1.T}, 5), _reply(1, {"body.weight": b2.T}, 5)]
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None
