@@ -42,7 +42,7 @@ from fedpers.protocol import FinalTestResult
 from fedpers.results import RoundRecord
 from fedpers.seeding import rng
 from strategies import final_tests, screening
-from strategies.federation import Federation
+from strategies.federation import Federation, PopulationError
 from strategies.rounds import EvaluateFn, run_rounds
 
 logger = logging.getLogger(__name__)
@@ -85,17 +85,68 @@ class FedpersStrategy(Strategy):
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
-        """The shared parts of the seeded initial model, as built by partition 0's node.
+        """The shared parts of the seeded initial model, as the nodes build it.
 
         Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start.
+        code (and no torch) to start. Up to three nodes are asked, and the arrays that
+        two of them agree on to the bit are used: one node cannot choose the start.
         """
         if not self.shared:
             return ArrayRecord()
-        replies = self.federation.broadcast(
-            grid, protocol.QUERY_INITIAL, [0], RecordDict(), timeout=timeout
-        ).require_all()
-        return replies[0].array_records[protocol.ARRAYS]
+        asked = sorted(self.federation.node_of_partition)[:3]
+        answers = self.startup(grid, protocol.QUERY_INITIAL, asked, RecordDict(), timeout)
+        votes: dict[bytes, list[int]] = {}
+        for partition, arrays in answers.items():
+            digest = b"".join(
+                name.encode() + repr((v.shape, str(v.dtype))).encode() + v.tobytes()
+                for name, v in sorted(arrays.items())
+            )
+            votes.setdefault(digest, []).append(partition)
+        agreed = max(votes.values(), key=len)
+        if len(asked) > 1 and len(agreed) < 2:
+            raise PopulationError(
+                f"partitions {asked} built different initial models from the same seed; "
+                "check that every node runs the same fedpers version and run config"
+            )
+        chosen = answers[agreed[0]]
+        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in chosen.items()})
+
+    def startup(
+        self,
+        grid: Grid,
+        query: str,
+        partitions: list[int],
+        content: RecordDict,
+        timeout: float,
+        check: screening.Check | None = None,
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """Ask ``partitions`` a start-up ``query``; the decoded arrays of the answers that
+        pass ``defect`` and ``check``, by partition. The others are left out and recorded
+        (``rejections[0]``, the summary's ``startup_rejections``).
+
+        Raises
+        ------
+        PopulationError
+            If no answer passes.
+        """
+        exchange = self.federation.broadcast(grid, query, partitions, content, timeout=timeout)
+        checks = [screening.defect] + ([check] if check is not None else [])
+        good = {}
+        for partition in partitions:
+            reply = exchange.replies.get(partition)
+            if reply is None:
+                reason: str | None = exchange.failures.get(partition, "no reply")
+            else:
+                reason = screening.first_defect(reply, checks)
+            if reason is None and reply is not None:
+                good[partition] = screening.arrays_of(reply)
+            else:
+                self.reject(0, partition, f"{query}: {reason}")
+        if not good:
+            raise PopulationError(
+                f"{query}: no node gave a usable answer; {self.rejections[0][:3]}"
+            )
+        return good
 
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:

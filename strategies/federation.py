@@ -13,11 +13,12 @@ partition order and every missing or failed answer named with its reason.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol
@@ -151,16 +152,28 @@ class Federation:
         by_node = {
             r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout)
         }
-        failed = [
-            f"node {n}: {by_node[n].error.reason if n in by_node else 'no reply'}"
-            for n in node_ids
-            if n not in by_node or by_node[n].has_error()
-        ]
+        answered, failed = [], []
+        for node in node_ids:
+            reply = by_node.get(node)
+            if reply is None or reply.has_error():
+                failed.append(f"node {node}: {reply.error.reason if reply else 'no reply'}")
+                continue
+            try:
+                partition, _, _ = _info_metrics(reply)
+            except ValueError as error:
+                failed.append(f"node {node}: {error}")
+                continue
+            if partition >= self.num_nodes:
+                failed.append(f"node {node}: partition {partition} >= {self.num_nodes}")
+                continue
+            answered.append((node, reply))
         if failed and strict:
             raise PopulationError(
                 f"{protocol.QUERY_INFO} failed on {len(failed)} node(s): " + "; ".join(failed[:5])
             )
-        return [(n, by_node[n]) for n in node_ids if n in by_node and not by_node[n].has_error()]
+        for reason in failed:
+            logger.warning("%s ignored: %s", protocol.QUERY_INFO, reason)
+        return answered
 
     # -------------------------------------------------------------------- exchange
     def nodes(self, partitions: Iterable[int]) -> list[int]:
@@ -227,9 +240,20 @@ class Federation:
 
 
 def _info_metrics(reply: Message) -> tuple[int, int, int]:
-    metrics = reply.content.metric_records[protocol.METRICS]
-    return (
-        int(metrics[protocol.PARTITION_ID]),  # type: ignore[arg-type]
-        int(metrics[protocol.NUM_TRAIN]),  # type: ignore[arg-type]
-        int(metrics[protocol.NUM_TEST]),  # type: ignore[arg-type]
-    )
+    """Partition id, training and test samples of a ``query.info`` reply.
+
+    Raises
+    ------
+    ValueError
+        If any is missing or not a non-negative whole number.
+    """
+    metrics = reply.content.metric_records.get(protocol.METRICS) or MetricRecord()
+    values = []
+    for key in (protocol.PARTITION_ID, protocol.NUM_TRAIN, protocol.NUM_TEST):
+        value = metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"'{key}' is {type(value).__name__}, not a number")
+        if not (math.isfinite(value) and value >= 0 and float(value).is_integer()):
+            raise ValueError(f"'{key}' = {value} is not a non-negative whole number")
+        values.append(int(value))
+    return values[0], values[1], values[2]

@@ -18,6 +18,8 @@ personal weights ``pi_c(m1, m2)``. The server
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -33,6 +35,8 @@ from fedpers.protocol import (
 )
 from strategies import screening
 from strategies.fedem import FedEM
+
+_FREE_ROWS = {SUMMARY_CENTROIDS, SUMMARY_COUNTS}  # a client may find fewer local clusters
 
 
 class FedGMM(FedEM):
@@ -77,24 +81,14 @@ class FedGMM(FedEM):
         symmetric positive semi-definite, and the implied covariances too."""
         arrays = screening.arrays_of(reply)
         count = arrays[protocol.STATS_COUNT]
-        first, second = arrays[protocol.STATS_FIRST], arrays[protocol.STATS_SECOND]
-        if np.any(count < 0):
-            return "negative statistics counts"
-        expected = arrays[protocol.GAMMA].sum(axis=1)
-        if not np.allclose(count, expected, rtol=1e-6, atol=1e-6):
+        if not np.allclose(count, arrays[protocol.GAMMA].sum(axis=1), rtol=1e-6, atol=1e-6):
             return "statistics counts differ from the responsibilities"
-        safe = np.maximum(count, 1e-12)
-        if self.covariance == GmmCovariance.FULL:
-            if reason := screening.symmetric_psd_defect(protocol.STATS_SECOND, second):
-                return reason
-            implied = second - np.einsum("ki,kj->kij", first, first) / safe[:, None, None]
-            return screening.symmetric_psd_defect("implied covariance", implied, tolerance=1e-5)
-        if np.any(second < 0):
-            return f"'{protocol.STATS_SECOND}' has negative variances"
-        implied = second - first**2 / safe[:, None]
-        if np.any(implied < -1e-5 * max(1.0, float(np.max(np.abs(second), initial=0.0)))):
-            return "implied variances are negative"
-        return None
+        return screening.statistics_defect(
+            count,
+            arrays[protocol.STATS_FIRST],
+            arrays[protocol.STATS_SECOND],
+            full=self.covariance == GmmCovariance.FULL,
+        )
 
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """FedEM's, and every covariance positive definite."""
@@ -121,28 +115,26 @@ class FedGMM(FedEM):
         """Learners and uniform weights (FedEM), then the shared initial components."""
         arrays = super().initial_arrays(grid, timeout=timeout)
         if self.embedding != Embedding.IDENTITY:
-            moments = self._ask(grid, protocol.QUERY_PCA, RecordDict(), timeout)
+            moments = self._ask(grid, protocol.QUERY_PCA, RecordDict(), timeout, self._pca_defect)
             mean, directions = gmm.pca_from_moments(
-                float(sum(m[PCA_COUNT].numpy()[0] for m in moments)),
-                np.sum([m[PCA_SUM].numpy() for m in moments], axis=0),
-                np.sum([m[PCA_OUTER].numpy() for m in moments], axis=0),
+                float(sum(m[PCA_COUNT][0] for m in moments)),
+                np.sum([m[PCA_SUM] for m in moments], axis=0),
+                np.sum([m[PCA_OUTER] for m in moments], axis=0),
                 self.embedding_dim,
             )
             arrays[protocol.PCA_MEAN] = Array(mean)
             arrays[protocol.PCA_DIRECTIONS] = Array(np.ascontiguousarray(directions))
-        records = self._ask(
-            grid, protocol.QUERY_SUMMARY, RecordDict({protocol.ARRAYS: arrays}), timeout
-        )
+        content = RecordDict({protocol.ARRAYS: arrays})
+        records = self._ask(grid, protocol.QUERY_SUMMARY, content, timeout, self._summary_defect)
         means = gmm.initial_means(
-            np.concatenate([r[SUMMARY_CENTROIDS].numpy() for r in records]),
-            np.concatenate([r[SUMMARY_COUNTS].numpy() for r in records]),
+            np.concatenate([r[SUMMARY_CENTROIDS] for r in records]),
+            np.concatenate([r[SUMMARY_COUNTS] for r in records]),
             self.num_components,
             self.run.seed,
         )
         arrays[protocol.GMM_MEANS] = Array(np.ascontiguousarray(means))
-        assigned = self._ask(
-            grid, protocol.QUERY_ASSIGN, RecordDict({protocol.ARRAYS: arrays}), timeout
-        )
+        content = RecordDict({protocol.ARRAYS: arrays})
+        assigned = self._ask(grid, protocol.QUERY_ASSIGN, content, timeout, self._assign_defect)
         pooled = _pooled(assigned, means)
         start = gmm.components_from_statistics(
             pooled, ridge=self.ridge, previous=_fallback(means, self.covariance)
@@ -151,13 +143,81 @@ class FedGMM(FedEM):
         return arrays
 
     def _ask(
-        self, grid: Grid, query: str, content: RecordDict, timeout: float
-    ) -> list[ArrayRecord]:
-        """Every seen client's answer to an initialization query, in partition order."""
-        replies = self.federation.broadcast(
-            grid, query, self.seen, content, timeout=timeout
-        ).require_all()
-        return [replies[p].array_records[protocol.ARRAYS] for p in self.seen]
+        self,
+        grid: Grid,
+        query: str,
+        content: RecordDict,
+        timeout: float,
+        check: screening.Check,
+    ) -> list[dict[str, np.ndarray]]:
+        """The seen clients' usable answers to an initialization query, in partition
+        order: each passes ``check``, its arrays have the shapes most clients' have, and
+        none is 100 times larger than the median answer (a scaled-up client)."""
+        answers = self.startup(grid, query, self.seen, content, timeout, check)
+        shapes = Counter(
+            tuple((n, v.shape) for n, v in sorted(a.items()) if n not in _FREE_ROWS)
+            for a in answers.values()
+        )
+        usual = shapes.most_common(1)[0][0]
+        sizes = {
+            p: max(float(np.max(np.abs(v), initial=0.0)) for v in a.values())
+            for p, a in answers.items()
+        }
+        large = screening.outliers(sizes)
+        for partition, answer in list(answers.items()):
+            shape = tuple((n, v.shape) for n, v in sorted(answer.items()) if n not in _FREE_ROWS)
+            if shape != usual or partition in large:
+                why = "its arrays are shaped unlike most" if shape != usual else "100x the median"
+                self.reject(0, partition, f"{query}: {why}")
+                del answers[partition]
+        return [answers[p] for p in sorted(answers)]
+
+    def _held(self, reply: Message, count: float) -> str | None:
+        held = self.federation.train_sizes.get(self.federation.partition(reply))
+        if not count >= 0:
+            return "a negative count"
+        if held is not None and count > held * (1 + 1e-9):
+            return f"counts of {count:g} samples, more than the {held} it holds"
+        return None
+
+    def _pca_defect(self, reply: Message) -> str | None:
+        arrays = screening.arrays_of(reply)
+        if set(arrays) != {PCA_COUNT, PCA_SUM, PCA_OUTER}:
+            return f"arrays {sorted(arrays)}, expected {sorted({PCA_COUNT, PCA_SUM, PCA_OUTER})}"
+        count, total, outer = arrays[PCA_COUNT], arrays[PCA_SUM], arrays[PCA_OUTER]
+        if count.shape != (1,) or total.ndim != 1 or outer.shape != (len(total), len(total)):
+            return "moments of inconsistent shapes"
+        if reason := self._held(reply, float(count[0])):
+            return reason
+        return screening.statistics_defect(count, total[None, :], outer[None], full=True)
+
+    def _summary_defect(self, reply: Message) -> str | None:
+        arrays = screening.arrays_of(reply)
+        if set(arrays) != {SUMMARY_CENTROIDS, SUMMARY_COUNTS}:
+            return f"arrays {sorted(arrays)}, expected centroids and counts"
+        centroids, counts = arrays[SUMMARY_CENTROIDS], arrays[SUMMARY_COUNTS]
+        if centroids.ndim != 2 or counts.shape != (len(centroids),):
+            return "centroids and counts of inconsistent shapes"
+        if len(centroids) > 2 * self.num_components:
+            return f"{len(centroids)} centroids, more than {2 * self.num_components}"
+        if np.any(counts < 0):
+            return "negative centroid counts"
+        return self._held(reply, float(counts.sum()))
+
+    def _assign_defect(self, reply: Message) -> str | None:
+        arrays = screening.arrays_of(reply)
+        names = {protocol.STATS_COUNT, protocol.STATS_FIRST, protocol.STATS_SECOND}
+        if set(arrays) != names:
+            return f"arrays {sorted(arrays)}, expected {sorted(names)}"
+        count = arrays[protocol.STATS_COUNT]
+        first, second = arrays[protocol.STATS_FIRST], arrays[protocol.STATS_SECOND]
+        full = self.covariance == GmmCovariance.FULL
+        shape = (len(count), first.shape[-1], first.shape[-1]) if full else first.shape
+        if count.ndim != 1 or first.shape[:1] != count.shape or second.shape != shape:
+            return "statistics of inconsistent shapes"
+        if reason := self._held(reply, float(count.sum())):
+            return reason
+        return screening.statistics_defect(count, first, second, full=full)
 
     # ---------------------------------------------------------------- aggregation
     def aggregate_components(
@@ -168,30 +228,50 @@ class FedGMM(FedEM):
             self.current[protocol.GMM_MEANS].numpy(),
             self.current[protocol.GMM_COVARIANCES].numpy(),
         )
+        decoded = [{name: array.numpy() for name, array in a.items()} for a in arrays]
         if self.aggregation == GmmAggregation.EXACT:
             new = gmm.components_from_statistics(
-                _pooled(arrays, previous.means), ridge=self.ridge, previous=previous
+                _pooled(decoded, previous.means), ridge=self.ridge, previous=previous
             )
         else:
             local = [
                 gmm.components_from_statistics(
                     _pooled([a], previous.means), ridge=self.ridge, previous=previous
                 )
-                for a in arrays
+                for a in decoded
             ]
             component_weights = np.stack([g.sum(axis=1) for g in gammas])  # (C, M1)
             new = gmm.average_components(local, component_weights, previous=previous)
         return {protocol.GMM_MEANS: new.means, protocol.GMM_COVARIANCES: new.covariances}
 
 
-def _pooled(arrays: list[ArrayRecord], center: np.ndarray) -> gmm.Statistics:
+def _per_sample_scale(arrays: dict[str, np.ndarray]) -> float:
+    """How large an answer's values are per sample: centroids as they are, sums divided
+    by the samples they sum over (clients of different sizes compare fairly)."""
+    if SUMMARY_CENTROIDS in arrays:
+        return float(np.max(np.abs(arrays[SUMMARY_CENTROIDS]), initial=0.0))
+    count_name = PCA_COUNT if PCA_COUNT in arrays else protocol.STATS_COUNT
+    samples = max(1.0, float(np.sum(arrays[count_name])))
+    sums = [v for n, v in arrays.items() if n != count_name]
+    return max(float(np.max(np.abs(v), initial=0.0)) for v in sums) / samples
+
+
+def _shapes(arrays: dict[str, np.ndarray]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Names and shapes of an answer (the row count of local clusters left out)."""
+    return tuple(
+        (name, value.shape[1:] if name in _FREE_ROWS else value.shape)
+        for name, value in sorted(arrays.items())
+    )
+
+
+def _pooled(arrays: list[dict[str, np.ndarray]], center: np.ndarray) -> gmm.Statistics:
     """Sum of the clients' statistics, all centred on ``center``."""
     total: gmm.Statistics | None = None
     for record in arrays:
         stats = gmm.Statistics(
-            record[protocol.STATS_COUNT].numpy(),
-            record[protocol.STATS_FIRST].numpy(),
-            record[protocol.STATS_SECOND].numpy(),
+            record[protocol.STATS_COUNT],
+            record[protocol.STATS_FIRST],
+            record[protocol.STATS_SECOND],
             np.asarray(center, dtype=float),
         )
         total = stats if total is None else total + stats

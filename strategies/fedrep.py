@@ -9,6 +9,7 @@ Method-of-Moments estimate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,6 +18,7 @@ from flwr.serverapp import Grid
 
 from fedpers import linear, protocol
 from fedpers.protocol import LINEAR_BODY
+from strategies import screening
 from strategies.base import FedpersStrategy
 
 
@@ -52,10 +54,29 @@ def moments_representation(strategy: FedpersStrategy, grid: Grid, *, timeout: fl
     their average span ``B*`` approximately (FedRep, Section 4 and Appendix B).
     """
     partitions = sorted(strategy.federation.node_of_partition)
-    replies = strategy.federation.broadcast(
-        grid, protocol.QUERY_MOMENTS, partitions, RecordDict(), timeout=timeout
-    ).require_all()
-    statistics = [
-        replies[p].array_records[protocol.ARRAYS][protocol.MOMENTS].numpy() for p in partitions
-    ]
-    return linear.method_of_moments(statistics, strategy.run.linear_rank)
+    d = strategy.run.linear_dim
+    statistics = strategy.startup(
+        grid,
+        protocol.QUERY_MOMENTS,
+        partitions,
+        RecordDict(),
+        timeout,
+        check=functools.partial(_moments_defect, dim=d),
+    )
+    scale = {p: float(np.linalg.norm(s[protocol.MOMENTS])) for p, s in statistics.items()}
+    for partition in sorted(screening.outliers(scale)):
+        strategy.reject(0, partition, f"{protocol.QUERY_MOMENTS}: a statistic 100x the median")
+        del statistics[partition]
+    return linear.method_of_moments(
+        [statistics[p][protocol.MOMENTS] for p in sorted(statistics)], strategy.run.linear_rank
+    )
+
+
+def _moments_defect(reply: Message, *, dim: int) -> str | None:
+    """A moment statistic is one symmetric positive semi-definite ``d x d`` matrix."""
+    returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
+    if reason := screening.arrays_defect(returned, {protocol.MOMENTS: ((dim, dim), "float64")}):
+        return reason
+    return screening.symmetric_psd_defect(
+        protocol.MOMENTS, screening.arrays_of(reply)[protocol.MOMENTS]
+    )

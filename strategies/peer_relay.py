@@ -22,8 +22,10 @@ every training exchange.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from flwr.app import (
@@ -40,6 +42,7 @@ from flwr.serverapp import Grid
 from fedpers import protocol, sheaf
 from fedpers.config import RunConfig, SheafVariant
 from fedpers.protocol import CommunicationTest, Whitening
+from strategies import screening
 from strategies.base import FedpersStrategy, _mean_metrics
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,8 @@ class PeerRelay(FedpersStrategy):
         self.variant = run.sheaf_variant
         self.timeout = run.round_timeout
         self.agents = list(range(run.num_clients))
+        self.dims = [spec.latent for spec in run.agent_specs()]
+        self.pilot_count = 0  # rows of a pilot matrix: what most agents send, first time
         self.neighbours = {i: sheaf.neighbours(self.edges, i) for i in self.agents}
         self.bytes_sent: dict[int, int] = {}
         self.private_accuracy: dict[int, float] = {}
@@ -86,16 +91,47 @@ class PeerRelay(FedpersStrategy):
         message_type: str,
         contents: dict[int, RecordDict],
         server_round: int,
-    ) -> dict[int, ArrayRecord]:
-        """Send each agent its content, return each agent's reply arrays; count bytes.
-        Every agent must answer."""
-        replies = self.federation.exchange(
-            grid, message_type, contents, timeout=self.timeout
-        ).require_all()
-        for record in [*contents.values(), *replies.values()]:
+        expected: Callable[[int], dict[str, screening.ArraySpec]],
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """Send each agent its content; return the decoded arrays of every agent whose
+        reply is what ``expected(agent)`` says, whitened as pilots are (``screening.
+        pilots_defect``). An agent that fails, or sends anything else, is recorded as
+        the round's rejection and its neighbours get nothing from it this round; bytes
+        of everything exchanged are counted."""
+        exchange = self.federation.exchange(grid, message_type, contents, timeout=self.timeout)
+        for record in [*contents.values(), *exchange.ok().values()]:
             for arrays in record.array_records.values():
                 self._count(server_round, arrays.count_bytes())
-        return {p: r.array_records.get(protocol.ARRAYS, ArrayRecord()) for p, r in replies.items()}
+        if not self.pilot_count:
+            self.pilot_count = _most_common_rows(exchange.ok().values())
+        good: dict[int, dict[str, np.ndarray]] = {}
+        for agent, reply in exchange.replies.items():
+            relayed = functools.partial(self._relay_defect, expected=expected(agent))
+            reason = screening.first_defect(reply, [screening.defect, relayed])
+            if reason is not None:
+                self.reject(server_round, agent, f"{message_type}: {reason}")
+                continue
+            good[agent] = screening.arrays_of(reply)
+        for agent in sorted(set(exchange.failures) - set(exchange.replies)):
+            self.reject(server_round, agent, f"{message_type}: {exchange.failures[agent]}")
+        return good
+
+    def _relay_defect(self, reply: Message, expected: dict[str, screening.ArraySpec]) -> str | None:
+        returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
+        if reason := screening.arrays_defect(returned, expected):
+            return reason
+        for name, values in screening.arrays_of(reply).items():
+            kind, _ = protocol.agent_of(name) if "." in name else (name, -1)
+            if kind == protocol.MAP:
+                reason = screening.orthonormal_defect(name, values)
+            else:
+                reason = screening.pilots_defect(name, values)
+            if reason is not None:
+                return reason
+        return None
+
+    def _pilots_spec(self, agent: int) -> screening.ArraySpec:
+        return (self.pilot_count, self.dims[agent]), "float64"
 
     def _count(self, server_round: int, count: int) -> None:
         self.bytes_sent[server_round] = self.bytes_sent.get(server_round, 0) + count
@@ -114,7 +150,9 @@ class PeerRelay(FedpersStrategy):
         relayed = self._relay(server_round, config, grid) if self.cooperative else {}
         contents = {}
         for agent in self.agents:
-            record = ArrayRecord(relayed.get(agent, {}))
+            record = ArrayRecord(
+                {k: Array(np.ascontiguousarray(v)) for k, v in relayed.get(agent, {}).items()}
+            )
             self._count(server_round, record.count_bytes())
             contents[agent] = RecordDict(
                 {protocol.ARRAYS: record, protocol.CONFIG: ConfigRecord(dict(config))}
@@ -123,42 +161,69 @@ class PeerRelay(FedpersStrategy):
 
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid
-    ) -> dict[int, dict[str, Array]]:
-        """What each agent receives with its TRAIN message."""
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """What each agent receives with its TRAIN message (only what passed screening)."""
         everyone = self.agents
         empty = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in everyone}
+
+        def own_pilots(agent: int) -> dict[str, screening.ArraySpec]:
+            return {protocol.PILOTS: self._pilots_spec(agent)}
+
         if self.variant == SheafVariant.HETEROGENEOUS:
-            pilots = self._exchange(grid, protocol.QUERY_PILOTS, empty, server_round)
+            pilots = self._exchange(grid, protocol.QUERY_PILOTS, empty, server_round, own_pilots)
             return {
                 i: {
                     protocol.from_agent(protocol.PILOTS, j): pilots[j][protocol.PILOTS]
                     for j in self.neighbours[i]
+                    if j in pilots
                 }
                 for i in everyone
             }
         if self.variant == SheafVariant.HOMOGENEOUS:
             targets = sorted({b for _, b in self.edges})
             pilots = self._exchange(
-                grid, protocol.QUERY_PILOTS, {p: empty[p] for p in targets}, server_round
+                grid,
+                protocol.QUERY_PILOTS,
+                {p: empty[p] for p in targets},
+                server_round,
+                own_pilots,
             )
-            owners = sorted({a for a, _ in self.edges})
+            owned_edges = {
+                a: [b for x, b in self.edges if x == a and b in pilots]
+                for a in sorted({a for a, _ in self.edges})
+            }
             owned = {
                 a: RecordDict(
                     {
                         protocol.ARRAYS: ArrayRecord(
                             {
-                                protocol.from_agent(protocol.PILOTS, b): pilots[b][protocol.PILOTS]
-                                for x, b in self.edges
-                                if x == a
+                                protocol.from_agent(protocol.PILOTS, b): Array(
+                                    pilots[b][protocol.PILOTS]
+                                )
+                                for b in targets_of_a
                             }
                         )
                     }
                 )
-                for a in owners
+                for a, targets_of_a in owned_edges.items()
             }
-            transported = self._exchange(grid, protocol.QUERY_MAPS, owned, server_round)
-            out: dict[int, dict[str, Array]] = {i: {} for i in everyone}
+
+            def maps_of(owner: int) -> dict[str, screening.ArraySpec]:
+                d = self.dims[owner]
+                expected: dict[str, screening.ArraySpec] = {}
+                for b in owned_edges[owner]:
+                    expected[protocol.from_agent(protocol.TRANSPORTED, b)] = (
+                        (self.pilot_count, d),
+                        "float64",
+                    )
+                    expected[protocol.from_agent(protocol.MAP, b)] = ((d, d), "float64")
+                return expected
+
+            transported = self._exchange(grid, protocol.QUERY_MAPS, owned, server_round, maps_of)
+            out: dict[int, dict[str, np.ndarray]] = {i: {} for i in everyone}
             for a, b in self.edges:
+                if a not in transported or b not in owned_edges.get(a, []):
+                    continue
                 for kind in (protocol.TRANSPORTED, protocol.MAP):
                     out[b][protocol.from_agent(kind, a)] = transported[a][
                         protocol.from_agent(kind, b)
@@ -175,13 +240,23 @@ class PeerRelay(FedpersStrategy):
             )
             for p in everyone
         }
-        transported = self._exchange(grid, protocol.QUERY_TRANSPORT, contents, server_round)
+
+        def transported_to(agent: int) -> dict[str, screening.ArraySpec]:
+            return {
+                protocol.from_agent(protocol.TRANSPORTED, j): self._pilots_spec(agent)
+                for j in self.neighbours[agent]
+            }
+
+        transported = self._exchange(
+            grid, protocol.QUERY_TRANSPORT, contents, server_round, transported_to
+        )
         return {
             j: {
                 protocol.from_agent(protocol.TRANSPORTED, i): transported[i][
                     protocol.from_agent(protocol.TRANSPORTED, j)
                 ]
                 for i in self.neighbours[j]
+                if i in transported
             }
             for j in everyone
         }
@@ -228,13 +303,11 @@ class PeerRelay(FedpersStrategy):
                 {protocol.WHITENING: mode.value, protocol.ROUND: server_round}
             )
             ask = {p: RecordDict({protocol.CONFIG: mode_config}) for p in self.agents}
-            shared = self.federation.exchange(
-                grid, protocol.QUERY_LATENTS, ask, timeout=timeout
-            ).require_all()
+            shared = self._latents(grid, ask, timeout)
             tests = {}
             for receiver in self.agents:
                 relayed = {}
-                for sender in self.neighbours[receiver]:
+                for sender in (j for j in self.neighbours[receiver] if j in shared):
                     sent = shared[sender].array_records[protocol.ARRAYS]
                     for name in (protocol.PILOTS, protocol.LATENTS, protocol.LABELS):
                         relayed[protocol.from_agent(name, sender)] = sent[name]
@@ -266,6 +339,33 @@ class PeerRelay(FedpersStrategy):
             )
         return result
 
+    def _latents(
+        self, grid: Grid, ask: dict[int, RecordDict], timeout: float
+    ) -> dict[int, RecordDict]:
+        """Every agent's whitened pilots and test latents (``query.latents``), of the
+        agents whose reply passes screening; the others are left out of the test."""
+        exchange = self.federation.exchange(grid, protocol.QUERY_LATENTS, ask, timeout=timeout)
+        good = {}
+        for agent, reply in exchange.replies.items():
+            reason = screening.first_defect(reply, [screening.defect, self._latents_defect])
+            if reason is None:
+                good[agent] = reply.content
+            else:
+                logger.warning("communication test leaves agent %d out: %s", agent, reason)
+        return good
+
+    def _latents_defect(self, reply: Message) -> str | None:
+        arrays = screening.arrays_of(reply)
+        names = {protocol.PILOTS, protocol.LATENTS, protocol.LABELS}
+        if set(arrays) != names:
+            return f"arrays {sorted(arrays)}, expected {sorted(names)}"
+        pilots, latents = arrays[protocol.PILOTS], arrays[protocol.LATENTS]
+        if pilots.ndim != 2 or latents.ndim != 2 or pilots.shape[1] != latents.shape[1]:
+            return "pilots and latents are not matrices of one width"
+        if arrays[protocol.LABELS].shape != (len(latents),):
+            return "latents and labels do not match"
+        return None
+
 
 class NonCooperative(PeerRelay):
     """Sheaf-FRL's lambda = 0 baseline: nothing exchanged while training; aligned after
@@ -273,3 +373,15 @@ class NonCooperative(PeerRelay):
 
     cooperative = False
     whitening_modes = (Whitening.TRAIN, Whitening.PILOTS)
+
+
+def _most_common_rows(contents: Iterable[RecordDict]) -> int:
+    """The row count most pilot-like arrays declare (maps excluded): the number of
+    pilots, which every honest agent shares."""
+    rows = [
+        array.shape[0]
+        for content in contents
+        for name, array in content.array_records.get(protocol.ARRAYS, ArrayRecord()).items()
+        if len(array.shape) == 2 and not name.startswith(protocol.MAP + ".")
+    ]
+    return Counter(rows).most_common(1)[0][0] if rows else 0

@@ -173,6 +173,61 @@ def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 
     return None
 
 
+def statistics_defect(
+    count: np.ndarray, first: np.ndarray, second: np.ndarray, *, full: bool
+) -> str | None:
+    """Why ``(sum r, sum r (z - c), sum r (z - c)(z - c)^T)`` per component cannot be the
+    statistics of any data, or None: counts non-negative, second moments symmetric
+    positive semi-definite (``full``; else non-negative variances), and so the
+    covariances they imply."""
+    if np.any(count < 0):
+        return "negative statistics counts"
+    safe = np.maximum(count, 1e-12)
+    if full:
+        if reason := symmetric_psd_defect("second moments", second):
+            return reason
+        implied = second - np.einsum("ki,kj->kij", first, first) / safe[:, None, None]
+        return symmetric_psd_defect("implied covariance", implied, tolerance=1e-5)
+    if np.any(second < 0):
+        return "negative second moments of a diagonal covariance"
+    implied = second - first**2 / safe[:, None]
+    if np.any(implied < -1e-5 * max(1.0, float(np.max(np.abs(second), initial=0.0)))):
+        return "implied variances are negative"
+    return None
+
+
+def outliers(sizes: Mapping[int, float], *, factor: float = 100.0) -> set[int]:
+    """Keys whose size exceeds ``factor`` times the median size (with at least three
+    keys; fewer cannot outvote one). Honest clients of one task send values of one
+    scale; a value scaled up by orders of magnitude stands out."""
+    if len(sizes) < 3:
+        return set()
+    median = float(np.median(list(sizes.values())))
+    return {key for key, size in sizes.items() if size > factor * max(median, 1e-12)}
+
+
+def pilots_defect(name: str, values: np.ndarray, *, tolerance: float = 1e-3) -> str | None:
+    """Why ``values`` are not pilot latents as Sheaf-FRL relays them, or None: whitened
+    by their own statistics (or rotated or transported after that, which keeps it), so
+    every column's mean square is at most one."""
+    if values.ndim != 2:
+        return f"'{name}' is not a matrix"
+    largest = float(np.max(np.mean(values**2, axis=0), initial=0.0))
+    if not largest <= 1.0 + tolerance:
+        return f"'{name}' is not whitened (a column's mean square is {largest:.3g})"
+    return None
+
+
+def orthonormal_defect(name: str, values: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
+    """Why ``values`` do not have orthonormal columns (a Stiefel map), or None."""
+    if values.ndim != 2 or values.shape[0] < values.shape[1]:
+        return f"'{name}' is not a tall matrix"
+    gram = values.T @ values
+    if not np.allclose(gram, np.eye(values.shape[1]), rtol=0, atol=tolerance):
+        return f"'{name}' does not have orthonormal columns"
+    return None
+
+
 @dataclass(frozen=True)
 class Screened:
     """Replies that passed, and ``(partition, reason)`` of those that did not."""
@@ -181,22 +236,28 @@ class Screened:
     rejected: list[tuple[int, str]]
 
 
+def first_defect(reply: Message, checks: Iterable[Check]) -> str | None:
+    """The reason of the first check that rejects ``reply``, or None; a check that
+    raises rejects it with the exception as its reason."""
+    for check in checks:
+        try:
+            reason = check(reply)
+        except Exception as error:
+            reason = f"screening failed: {type(error).__name__}: {error}"
+        if reason is not None:
+            return reason
+    return None
+
+
 def screen(
     replies: Iterable[Message], checks: Iterable[Check], partition_of: Callable[[Message], int]
 ) -> Screened:
-    """Apply ``checks`` in order to every reply; the first reason rejects it. A check
-    that raises rejects the reply with the exception as its reason."""
+    """Apply ``checks`` in order to every reply; the first reason rejects it
+    (``first_defect``)."""
     checks = list(checks)
     kept, rejected = [], []
     for reply in replies:
-        reason = None
-        for check in checks:
-            try:
-                reason = check(reply)
-            except Exception as error:
-                reason = f"screening failed: {type(error).__name__}: {error}"
-            if reason is not None:
-                break
+        reason = first_defect(reply, checks)
         if reason is None:
             kept.append(reply)
         else:
