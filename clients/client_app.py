@@ -98,6 +98,18 @@ def _agent(context: Context, query: Query) -> PilotAgent:
     return client
 
 
+def _startup(context: Context, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A start-up answer, as the run's fault injection leaves it (tests only)."""
+    return faults.startup(_run(context), _partition(context), arrays)
+
+
+def _relayed(
+    context: Context, msg: Message, arrays: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Pilots to relay, as the run's fault injection leaves them (tests only)."""
+    return faults.relay(_run(context), _partition(context), _config(msg), arrays)
+
+
 def _arrays(msg: Message) -> dict[str, np.ndarray]:
     if protocol.ARRAYS not in msg.content.array_records:
         return {}
@@ -132,11 +144,12 @@ def train(msg: Message, context: Context) -> Message:
     client = _client(run, context, msg)
     partition = _partition(context)
     faults.before_fit(run, partition, config)
-    arrays, metrics = client.fit(_arrays(msg), config)
-    arrays, metrics = faults.after_fit(run, partition, config, arrays, metrics)
+    received = _arrays(msg)
+    arrays, metrics = client.fit(dict(received), config)
+    arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
     device_state.count_round(context)
     device_state.persist(run, context, server_round=int(config[protocol.ROUND]))  # type: ignore[arg-type]
-    return _reply(msg, arrays, metrics)
+    return faults.on_wire(run, partition, config, _reply(msg, arrays, metrics))
 
 
 @app.evaluate()
@@ -173,42 +186,42 @@ def info(msg: Message, context: Context) -> Message:
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts."""
     client = _seeds_model(context, Query.INITIAL)
-    return _reply(msg, client.initial_arrays(), {})
+    return _reply(msg, _startup(context, client.initial_arrays()), {})
 
 
 @app.query(Query.PCA)
 def pca(msg: Message, context: Context) -> Message:
     """FedGMM: moment statistics of this node's embedding inputs (pooled PCA)."""
     client = _mixture(context, Query.PCA)
-    return _reply(msg, client.pca_moments(), {})
+    return _reply(msg, _startup(context, client.pca_moments()), {})
 
 
 @app.query(Query.SUMMARY)
 def summary(msg: Message, context: Context) -> Message:
     """FedGMM: local k-means centroids of the embeddings (federated k-means++)."""
     client = _mixture(context, Query.SUMMARY)
-    return _reply(msg, client.summary(_arrays(msg)), {})
+    return _reply(msg, _startup(context, client.summary(_arrays(msg))), {})
 
 
 @app.query(Query.ASSIGN)
 def assign(msg: Message, context: Context) -> Message:
     """FedGMM: statistics of the embeddings assigned to the nearest initial mean."""
     client = _mixture(context, Query.ASSIGN)
-    return _reply(msg, client.assignment_statistics(_arrays(msg)), {})
+    return _reply(msg, _startup(context, client.assignment_statistics(_arrays(msg))), {})
 
 
 @app.query(Query.PILOTS)
 def pilots(msg: Message, context: Context) -> Message:
     """Sheaf-FRL: refit the whitening on the pilots, send the whitened pilot latents."""
     client = _agent(context, Query.PILOTS)
-    return _reply(msg, client.pilots_message(_config(msg)), {})
+    return _reply(msg, _relayed(context, msg, client.pilots_message(_config(msg))), {})
 
 
 @app.query(Query.MAPS)
 def maps(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (homogeneous): compute owned edges' maps, send transported pilots."""
     client = _agent(context, Query.MAPS)
-    return _reply(msg, client.maps_message(_arrays(msg)), {})
+    return _reply(msg, _relayed(context, msg, client.maps_message(_arrays(msg))), {})
 
 
 @app.query(Query.TRANSPORT)
@@ -216,7 +229,7 @@ def transport(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (private): own pilots transported into each neighbour's frame."""
     client = _agent(context, Query.TRANSPORT)
     neighbours = [int(n) for n in _arrays(msg).get(protocol.NEIGHBOURS, np.zeros(0))]
-    return _reply(msg, client.transport_message(neighbours), {})
+    return _reply(msg, _relayed(context, msg, client.transport_message(neighbours)), {})
 
 
 @app.query(Query.LATENTS)
@@ -233,4 +246,5 @@ def moments(msg: Message, context: Context) -> Message:
     client = _client(run, context)
     if not isinstance(client, MomentsSource):
         raise _incapable(client, "MomentsSource", Query.MOMENTS)
-    return _reply(msg, client.moments(), {protocol.NUM_EXAMPLES: float(run.linear_samples)})
+    moments = _startup(context, client.moments())
+    return _reply(msg, moments, {protocol.NUM_EXAMPLES: float(run.linear_samples)})

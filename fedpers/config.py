@@ -336,8 +336,8 @@ class FaultSettings:
     )
     fault_injection: str = setting(
         "",
-        "make clients misbehave (tests): `kind:partition[@round]`, comma-separated, kinds "
-        f"{', '.join(FAULT_KINDS)}",
+        "make clients misbehave or attack (tests): `kind[=value]:partitions[@round]`, "
+        f"comma-separated (fedpers/faults.py); kinds {', '.join(FAULT_KINDS)}",
     )
     client_state_dir: str = setting(
         "", "simulation: clients snapshot their personal state here every round"

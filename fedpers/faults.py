@@ -1,32 +1,112 @@
-"""The grammar of run-config key ``fault-injection``: which client misbehaves, how, when.
+"""The grammar of run-config key ``fault-injection``: which clients misbehave, how, when.
 
-A spec is comma-separated ``kind:partition[@round]`` entries; without ``@round`` the
-fault happens every round. ``fedpers.config`` checks a spec before a run starts;
-``clients/faults.py`` acts on it.
+A spec is comma-separated entries ``kind[=value]:partitions[@round]``:
+
+- ``partitions``: one id (``3``), an inclusive range (``0-9``) or ids joined by ``+``
+  (``1+4+7``);
+- ``@round``: only in that round (start-up queries count as round 0); without it, in
+  every round;
+- ``=value``: the kind's parameter (a number), where it has one; else its default.
+
+``fedpers.config`` checks a spec before a run starts; ``clients/faults.py`` acts on it.
+The kinds are listed in ``KINDS``, with their parameters' defaults.
 """
 
 from __future__ import annotations
 
-FAULT_KINDS = ("raise", "sleep", "nan", "shape", "dtype")
+from dataclasses import dataclass
+
+# kind -> default parameter (None: the kind takes none)
+KINDS: dict[str, float | None] = {
+    # failures
+    "raise": None,  # the ClientApp raises (an error reply)
+    "sleep": None,  # no reply within round-timeout
+    # malformed training replies
+    "nan": None,  # every array NaN
+    "shape": None,  # the first array gets an extra row
+    "dtype": None,  # every array float16
+    "rename": None,  # the first array under another name
+    "extra": None,  # one array more than expected
+    "drop": None,  # the first array left out
+    "corrupt-data": None,  # an array's bytes are another array's; shape and dtype claimed
+    "bad-stype": None,  # an array claims a serialization that is not numpy
+    "examples-list": None,  # num-examples sent as a list
+    "loss-list": None,  # loss sent as [NaN]
+    "zero-examples": None,  # num-examples = 0
+    "huge": 1e30,  # every array filled with this value
+    # attacks on the shared model
+    "sign-flip": 1.0,  # the update w - w_t sent as -scale (w - w_t)
+    "noise": 1.0,  # Gaussian noise of this standard deviation added to the model's arrays
+    "inflate": 1e12,  # num-examples claimed
+    # attacks on the mixtures (FedEM, FedGMM)
+    "responsibilities": -1e6,  # every responsibility (gamma) set to this value
+    "responsibilities-shape": None,  # responsibilities with an extra row
+    "non-psd": None,  # second-moment statistics made indefinite (symmetric)
+    "asymmetric": None,  # second-moment statistics made asymmetric
+    # attacks on start-up queries and on Sheaf-FRL's relay
+    "startup-scale": 1e9,  # every array of a start-up answer times this value
+    "startup-nan": None,  # every array of a start-up answer NaN
+    "pilots-scale": 1e6,  # pilots (and transported pilots) times this value
+    "pilots-nan": None,  # pilots NaN
+}
+FAULT_KINDS = tuple(KINDS)
 
 
-def parse_faults(spec: str) -> list[tuple[str, int, int | None]]:
-    """``"raise:3@2,nan:5"`` -> ``[("raise", 3, 2), ("nan", 5, None)]``.
+@dataclass(frozen=True)
+class Fault:
+    """One entry of a ``fault-injection`` spec."""
+
+    kind: str
+    value: float | None
+    partitions: frozenset[int]
+    round: int | None
+
+    def applies(self, partition: int, server_round: int) -> bool:
+        """Whether ``partition`` misbehaves this way in ``server_round``."""
+        return partition in self.partitions and self.round in (None, server_round)
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """``"raise:3@2,sign-flip=10:0-9"`` -> the entries as ``Fault``s.
 
     Raises
     ------
     ValueError
-        On an entry that is not ``kind:partition[@round]`` with a kind of
-        ``FAULT_KINDS``; the message names the entry.
+        On an entry that does not follow ``kind[=value]:partitions[@round]``, an unknown
+        kind, or a value for a kind that takes none; the message names the entry.
     """
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, _, target = item.partition(":")
-        partition, _, at = target.partition("@")
-        if kind not in FAULT_KINDS or not partition.isdigit() or (at and not at.isdigit()):
+        head, _, target = item.partition(":")
+        kind, has_value, text = head.partition("=")
+        where, _, at = target.partition("@")
+        partitions = _partitions(where)
+        if (
+            kind not in KINDS
+            or partitions is None
+            or (at and not at.isdigit())
+            or (has_value and KINDS[kind] is None)
+        ):
             raise ValueError(
-                f"entry '{item}' is not kind:partition[@round], kind one of "
-                f"{', '.join(FAULT_KINDS)}"
+                f"entry '{item}' is not kind[=value]:partitions[@round], kind one of "
+                f"{', '.join(FAULT_KINDS)} (a value only where the kind takes one)"
             )
-        faults.append((kind, int(partition), int(at) if at else None))
+        try:
+            value = float(text) if has_value else KINDS[kind]
+        except ValueError:
+            raise ValueError(f"entry '{item}': '{text}' is not a number") from None
+        faults.append(Fault(kind, value, partitions, int(at) if at else None))
     return faults
+
+
+def _partitions(text: str) -> frozenset[int] | None:
+    """``3``, ``0-9`` or ``1+4+7`` as a set of ids; None if it is none of these."""
+    if text.isdigit():
+        return frozenset({int(text)})
+    low, dash, high = text.partition("-")
+    if dash and low.isdigit() and high.isdigit() and int(low) <= int(high):
+        return frozenset(range(int(low), int(high) + 1))
+    parts = text.split("+")
+    if len(parts) > 1 and all(p.isdigit() for p in parts):
+        return frozenset(int(p) for p in parts)
+    return None

@@ -93,20 +93,17 @@ class FedpersStrategy(Strategy):
         """
         if not self.shared:
             return ArrayRecord()
-        asked = sorted(self.federation.node_of_partition)[:3]
-        answers = self.startup(grid, protocol.QUERY_INITIAL, asked, RecordDict(), timeout)
-        votes: dict[bytes, list[int]] = {}
-        for partition, arrays in answers.items():
-            digest = b"".join(
-                name.encode() + repr((v.shape, str(v.dtype))).encode() + v.tobytes()
-                for name, v in sorted(arrays.items())
-            )
-            votes.setdefault(digest, []).append(partition)
-        agreed = max(votes.values(), key=len)
-        if len(asked) > 1 and len(agreed) < 2:
+        everyone = sorted(self.federation.node_of_partition)
+        answers = self.startup(grid, protocol.QUERY_INITIAL, everyone[:3], RecordDict(), timeout)
+        agreed = _agreeing(answers)
+        if len(everyone) > 1 and len(agreed) < 2 and len(everyone) > 3:
+            more = self.startup(grid, protocol.QUERY_INITIAL, everyone[3:], RecordDict(), timeout)
+            agreed = _agreeing({**answers, **more})
+            answers.update(more)
+        if len(everyone) > 1 and len(agreed) < 2:
             raise PopulationError(
-                f"partitions {asked} built different initial models from the same seed; "
-                "check that every node runs the same fedpers version and run config"
+                "no two nodes built the same initial model from the same seed; check that "
+                "every node runs the same fedpers version and run config"
             )
         chosen = answers[agreed[0]]
         return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in chosen.items()})
@@ -303,7 +300,7 @@ class FedpersStrategy(Strategy):
     # ------------------------------------------------------------------ screening
     def checks(self) -> list[screening.Check]:
         """The checks a training reply must pass, in order (an algorithm may add)."""
-        return [screening.defect, screening.weight_defect, self.arrays_check]
+        return [screening.defect, screening.weight_defect, self.arrays_check, self.size_check]
 
     def expected_arrays(self) -> dict[str, screening.ArraySpec]:
         """The arrays a training reply must carry: exactly the shared ones sent."""
@@ -313,6 +310,10 @@ class FedpersStrategy(Strategy):
         """``screening.arrays_defect`` against ``expected_arrays``."""
         returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
         return screening.arrays_defect(returned, self.expected_arrays())
+
+    def size_check(self, reply: Message) -> str | None:
+        """``screening.magnitude_defect`` against the arrays sent this round."""
+        return screening.magnitude_defect(screening.arrays_of(reply), self.current_shared)
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """Training replies fit to aggregate; the others are logged and recorded.
@@ -416,6 +417,18 @@ class FedpersStrategy(Strategy):
             on_round=on_round,
             on_checkpoint=on_checkpoint,
         )
+
+
+def _agreeing(answers: dict[int, dict[str, np.ndarray]]) -> list[int]:
+    """The largest group of partitions whose answers are equal to the bit."""
+    votes: dict[bytes, list[int]] = {}
+    for partition, arrays in answers.items():
+        digest = b"".join(
+            name.encode() + repr((v.shape, str(v.dtype))).encode() + v.tobytes()
+            for name, v in sorted(arrays.items())
+        )
+        votes.setdefault(digest, []).append(partition)
+    return max(votes.values(), key=len) if votes else []
 
 
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:

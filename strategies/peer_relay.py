@@ -195,6 +195,7 @@ class PeerRelay(FedpersStrategy):
             owned = {
                 a: RecordDict(
                     {
+                        protocol.CONFIG: ConfigRecord({protocol.ROUND: server_round}),
                         protocol.ARRAYS: ArrayRecord(
                             {
                                 protocol.from_agent(protocol.PILOTS, b): Array(
@@ -202,7 +203,7 @@ class PeerRelay(FedpersStrategy):
                                 )
                                 for b in targets_of_a
                             }
-                        )
+                        ),
                     }
                 )
                 for a, targets_of_a in owned_edges.items()
@@ -233,9 +234,10 @@ class PeerRelay(FedpersStrategy):
         contents = {
             p: RecordDict(
                 {
+                    protocol.CONFIG: ConfigRecord({protocol.ROUND: server_round}),
                     protocol.ARRAYS: ArrayRecord(
                         {protocol.NEIGHBOURS: Array(np.array(self.neighbours[p], dtype=np.int64))}
-                    )
+                    ),
                 }
             )
             for p in everyone

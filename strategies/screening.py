@@ -161,6 +161,25 @@ def spec_of(values: np.ndarray) -> ArraySpec:
     return tuple(values.shape), str(values.dtype)
 
 
+HUGE = 1e6  # how many times larger than what was sent a returned value may be
+
+
+def magnitude_defect(
+    returned: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray], *, factor: float = HUGE
+) -> str | None:
+    """Why returned arrays cannot be an update of what was sent, or None: a value more
+    than ``factor`` times the largest sent value (at least 1) is no training step; it
+    is an overflow or an attack (values of 1e30 or float32's maximum)."""
+    for name, values in returned.items():
+        if name not in sent or values.dtype.kind != "f":
+            continue
+        bound = factor * max(1.0, float(np.max(np.abs(sent[name]), initial=0.0)))
+        largest = float(np.max(np.abs(values), initial=0.0))
+        if largest > bound:
+            return f"array '{name}' holds {largest:.3g}, beyond {factor:g} x what was sent"
+    return None
+
+
 def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
     """Why ``matrices`` (``(..., d, d)``) are not symmetric positive semi-definite within
     ``tolerance`` relative to their scale, or None."""

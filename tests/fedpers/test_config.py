@@ -79,7 +79,7 @@ def test_defaults_parse_and_round_trip() -> None:
         ({"joint-shift": 1}, "'joint-shift' = 1 has type int; it must be bool"),
         (
             {"fault-injection": "explode:1"},
-            "'fault-injection': entry 'explode:1' is not kind:partition[@round]",
+            "'fault-injection': entry 'explode:1' is not kind[=value]:partitions[@round]",
         ),
         ({"sheaf-clip": -1.0}, "'sheaf-clip' = -1.0 must be at least 0.0"),
         ({"sheaf-density": 0.0}, "'sheaf-density' = 0.0 must be in (0, 1]"),

@@ -1,0 +1,164 @@
+"""No client can crash a run or corrupt the global state: every malformed reply and
+every attack of ``fault-injection``, one per round, through the real ClientApp in
+process. Each round's faulty reply must be left out with its reason (or, for the
+attacks a mean cannot tell from training, accepted), the run must finish, and every
+adopted global state must have the model's names and shapes, finite values and (FedGMM)
+positive definite covariances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+
+from clients.client_app import app as client_app
+from fedpers import protocol
+from fedpers.config import RunConfig
+from fedpers.results import RoundRecord
+from strategies import build_strategy
+from strategies.base import FedpersStrategy
+from strategies.rounds import RoundFailedError
+from tests.helpers import InProcessGrid, run_config
+
+# Left out, with a reason naming the partition
+MALFORMED = [
+    "raise",
+    "nan",
+    "shape",
+    "dtype",
+    "rename",
+    "extra",
+    "drop",
+    "corrupt-data",
+    "bad-stype",
+    "examples-list",
+    "loss-list",
+    "huge",
+    "huge=3.4e38",
+]
+MIXTURE_MALFORMED = [
+    "responsibilities",
+    "responsibilities=1e12",
+    "responsibilities-shape",
+    "non-psd",
+    "asymmetric",
+]
+FAMILIES: dict[str, dict[str, Any]] = {
+    "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
+    "fedavg": {"algorithm": "fedavg", "dataset": "digits"},
+    "fedgmm": {
+        "algorithm": "fedgmm",
+        "dataset": "mixture",
+        "samples_per_client": 60,
+        "lr": 0.5,
+        "epochs": 1,
+    },
+}
+FAULTY = 1  # the faulty partition; every partition trains every round
+
+
+def _run(
+    family: dict[str, Any], spec: str, rounds: int, records: list[RoundRecord] | None = None
+) -> tuple[FedpersStrategy, list[Any]]:
+    values = run_config(
+        **family, num_clients=4, fraction_train=1.0, num_rounds=rounds, fault_injection=spec
+    )
+    config = RunConfig.from_mapping(values)
+    grid = InProcessGrid(client_app, values, 4)
+    strategy = build_strategy(config)
+    strategy.federation.connect(grid, timeout=5)
+    initial = strategy.initial_arrays(grid, timeout=5)
+    states: list[ArrayRecord] = [initial]
+    records = [] if records is None else records
+    strategy.start(
+        grid,
+        initial,
+        num_rounds=rounds,
+        on_round=records.append,
+        on_checkpoint=lambda _, arrays: states.append(arrays),
+    )
+    return strategy, [records, states]
+
+
+def _well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:
+    if {k: (tuple(a.shape), a.dtype) for k, a in state.items()} != {
+        k: (tuple(a.shape), a.dtype) for k, a in initial.items()
+    }:
+        return False
+    values = {k: a.numpy() for k, a in state.items()}
+    if not all(np.all(np.isfinite(v)) for v in values.values()):
+        return False
+    if protocol.GMM_COVARIANCES in values:
+        np.linalg.cholesky(values[protocol.GMM_COVARIANCES])  # raises if not PD
+    return True
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_malformed_reply_is_left_out_and_no_state_is_corrupted(family: str) -> None:
+    # Prepare: one kind per round, at partition FAULTY
+    kinds = MALFORMED + (MIXTURE_MALFORMED if family == "fedgmm" else [])
+    spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
+    # Execute
+    _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
+    # Assert: every round ran, left out exactly the faulty reply with a reason
+    assert [r.round for r in records] == list(range(1, len(kinds) + 1))
+    for record, kind in zip(records, kinds, strict=True):
+        assert record.replies == 3, (kind, record.rejections)
+        assert any(reason.startswith(f"partition {FAULTY}: ") for reason in record.rejections), (
+            kind,
+            record.rejections,
+        )
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
+@pytest.mark.parametrize("family", ["fedrep", "fedgmm"])
+def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -> None:
+    kinds = ["sign-flip=100", "noise=0.1", "inflate", "zero-examples", "inflate=-5"]
+    spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
+    _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
+    flip, noise, inflate, zero, negative = records
+    assert flip.replies == 4 or any(f"partition {FAULTY}" in r for r in flip.rejections)
+    assert noise.replies == 4
+    if family == "fedgmm":  # the responsibilities sum to the true size: a lie shows
+        assert any("responsibilities sum to" in r for r in inflate.rejections)
+    else:
+        assert inflate.replies == 4
+        assert any("num-examples 1000000000000.0 capped at" in r for r in inflate.rejections)
+    assert zero.replies == 3  # kept, but it carries no weight and does not count
+    assert any("negative number of examples" in r for r in negative.rejections)
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
+def test_every_client_reporting_zero_examples_stops_the_run_cleanly_after_recording() -> None:
+    # No reply carries weight: nothing is averaged (no division by zero), the round is
+    # recorded, and min-replies = 1 stops the run with its reason.
+    records: list[RoundRecord] = []
+    with pytest.raises(RoundFailedError, match="0 usable replies of 4"):
+        _run(FAMILIES["fedrep"], "zero-examples:0-3@1", rounds=2, records=records)
+    (first,) = records
+    assert (first.round, first.replies, first.sampled) == (1, 0, 4)
+
+
+def test_startup_answers_are_screened() -> None:
+    # A client answering FedGMM's start-up queries with values 1e9 times too large, and
+    # one answering NaN, are left out; the initial components come from the others.
+    spec = "startup-scale:1@0,startup-nan:2@0"
+    strategy, (_records, states) = _run(FAMILIES["fedgmm"], spec, rounds=1)
+    startup = strategy.rejections[0]
+    assert any(r.startswith("partition 1: query.summary") for r in startup), startup
+    assert any(r.startswith("partition 2: query.") for r in startup), startup
+    means = states[0][protocol.GMM_MEANS].numpy()
+    assert np.max(np.abs(means)) < 100  # the synthetic data lie within a few units
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
+@pytest.mark.parametrize("kind", ["pilots-scale", "pilots-nan", "raise"])
+def test_bad_pilots_are_not_relayed_and_the_sender_is_named(kind: str) -> None:
+    family = {"algorithm": "sheaf-frl", "dataset": "digits", "epochs": 1}
+    _strategy, (records, _) = _run(family, f"{kind}:{FAULTY}@2", rounds=3)
+    assert [r.round for r in records] == [1, 2, 3]
+    assert records[0].rejections == []
+    assert any(r.startswith(f"partition {FAULTY}: ") for r in records[1].rejections)
+    assert records[2].rejections == []
