@@ -165,8 +165,11 @@ def on_wire(run: RunConfig, partition: int, config: ConfigRecord, reply: Message
 def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
     """Corrupt an answer to a start-up query (round 0), if asked to."""
     active = _active(run, partition, 0)
-    if fault := active.get("startup-scale"):
-        arrays = {k: v * _value(fault) if v.dtype.kind == "f" else v for k, v in arrays.items()}
+    if fault := active.get("startup-scale"):  # the values, not the sample counts
+        arrays = {
+            k: v * _value(fault) if v.dtype.kind == "f" and "count" not in k else v
+            for k, v in arrays.items()
+        }
     if "startup-nan" in active:
         arrays = {
             k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in arrays.items()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -102,12 +103,13 @@ def run_rounds(
         if server_metrics is not None:
             result.evaluate_metrics_serverapp[server_round] = server_metrics
         accepted = strategy.accepted.get(server_round, 0)
+        checked = {STATE_WELL_FORMED: float(well_formed(arrays, initial_arrays))}
         record = RoundRecord(
             round=server_round,
             seconds=time.monotonic() - started,
             train=_plain(train_metrics),
             evaluate=_plain(evaluate_metrics),
-            server={**_plain(server_metrics), **strategy.round_metrics(server_round)},
+            server={**_plain(server_metrics), **strategy.round_metrics(server_round), **checked},
             sampled=len(contents),
             replies=accepted,
             failures=len(contents) - accepted,
@@ -127,6 +129,20 @@ def run_rounds(
         if on_checkpoint is not None:
             on_checkpoint(server_round, arrays)
     return result
+
+
+STATE_WELL_FORMED = "state-well-formed"  # 1: the round's global state is sound
+
+
+def well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:
+    """Whether ``state`` has the arrays of ``initial`` (names, shapes, dtypes) and only
+    finite values: an independent check of every adopted global state, recorded each
+    round (``server.state-well-formed`` in rounds.jsonl)."""
+    if [(n, tuple(a.shape), a.dtype) for n, a in state.items()] != [
+        (n, tuple(a.shape), a.dtype) for n, a in initial.items()
+    ]:
+        return False
+    return all(bool(np.all(np.isfinite(a.numpy()))) for a in state.values())
 
 
 def _aggregated(

@@ -110,6 +110,7 @@ def main(grid: Grid, context: Context) -> None:
         if any(v is not None for v in mixture):
             summary["train_log_likelihood"] = [v for v in mixture if v is not None]
     summary["algorithm"] = config.algorithm
+    summary["startup_rejections"] = strategy.rejections.get(0, [])
     summary["rounds_started_unix"] = rounds_started
     # where the start-up went (wall clock, seconds since the epoch)
     summary["startup_unix"] = {

@@ -1,0 +1,351 @@
+"""Robustness, through Flower: a fuzz sweep of malformed replies, and attacks against
+every aggregation.
+
+    python -m simulations.robustness --out DIR [--quick] [--scale S] [--parallel N]
+
+1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL) and each kind of
+   malformed reply or attack that applies to it (``fedpers.faults.KINDS``), a case: one
+   client sends it in one round. The cases of a family run in one `flwr run`, one case
+   per round, at partitions taking turns; start-up cases (FedGMM's queries) in a run of
+   their own. Per case: did the run finish, was the faulty reply left out with a
+   reason (malformed kinds) or capped (inflated sizes), and was every adopted global
+   state well formed (``server.state-well-formed`` of every round, and the final arrays
+   read back here).
+2. **Attacks.** MNIST-1D, 100 clients x 2 classes (``fedrep_images``' defaults),
+   FedRep and FedAvg; 10% of the clients (partitions 0-9) attack from round 1:
+   ``sign-flip`` (the update sent as ``-scale`` times itself) or ``inflate-examples``
+   (1e12 samples claimed); under each aggregation. ``clean`` is the plain mean without
+   attackers; every accuracy is the usual final accuracy (mean of the last 10 rounds).
+
+Writes DIR/summary.json ``{"fuzz": {"cases": N, "runs_crashed": n, "replies_rejected":
+n, "corrupt_states_adopted": n, ...}, "attack": {ALGO: {"clean": acc, ATTACK:
+{AGGREGATION: acc}}}}``, DIR/table.md, DIR/cases.json (every case) and the runs under
+DIR/runs/.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedpers.aggregation import Aggregation
+from fedpers.results import read_rounds, read_summary, write_json
+from simulations.common import markdown_table, output_parser, parallelism, prepare_output
+from simulations.launch import FlowerRunError, LocalSimulation
+
+# Kinds of malformed replies: the faulty reply must be left out with a reason
+MALFORMED = (
+    "raise",
+    "nan",
+    "shape",
+    "dtype",
+    "rename",
+    "extra",
+    "drop",
+    "corrupt-data",
+    "bad-stype",
+    "examples-list",
+    "loss-list",
+    "huge",
+    "huge=3.4e38",
+)
+MIXTURE_MALFORMED = (
+    "responsibilities",
+    "responsibilities=1e12",
+    "responsibilities-shape",
+    "non-psd",
+    "asymmetric",
+)
+# Attacks a mean cannot tell from training: the run must go on with a sound state
+ATTACKS = ("sign-flip=100", "noise=0.1", "inflate", "zero-examples")
+PILOT_KINDS = ("pilots-scale", "pilots-nan", "raise", "loss-list", "examples-list", "inflate")
+STARTUP_KINDS = ("startup-scale", "startup-nan")
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "fedrep": {"algorithm": "fedrep", "dataset": "digits", "head-epochs": 2, "epochs": 1},
+    "fedavg": {"algorithm": "fedavg", "dataset": "digits", "epochs": 1},
+    "fedgmm": {
+        "algorithm": "fedgmm",
+        "dataset": "mixture",
+        "samples-per-client": 100,
+        "lr": 0.5,
+        "momentum": 0.0,
+        "epochs": 1,
+    },
+    "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits", "epochs": 1},
+}
+CLIENTS = 6  # clients of a fuzz run; every one trains every round
+SIGN_FLIP_SCALE = 10.0
+
+
+@dataclass
+class Case:
+    """One fuzz case and what happened to it."""
+
+    family: str
+    kind: str
+    partition: int
+    round: int
+    expect: str  # "rejected", "capped" or "accepted"
+    finished: bool = False
+    rejected: bool = False
+    reason: str = ""
+    state_well_formed: bool = True
+
+
+def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
+    """The cases of every fuzz run, by run name."""
+    positions = (1,) if quick else (1, 4)  # the faulty partitions; each kind at each
+
+    def schedule(family: str, kinds: tuple[str, ...]) -> list[Case]:
+        cases: list[Case] = []
+        for partition in positions:
+            for kind in kinds:
+                expect = "rejected"
+                if kind.split("=")[0] in ("sign-flip", "noise", "zero-examples"):
+                    expect = "accepted"
+                elif kind == "inflate" and family != "fedgmm":
+                    expect = "capped"  # FedGMM: the responsibilities expose the lie
+                cases.append(Case(family, kind, partition, len(cases) + 1, expect))
+        return cases
+
+    runs = {
+        "fedrep": schedule("fedrep", MALFORMED + ATTACKS),
+        "fedavg": schedule("fedavg", MALFORMED + ATTACKS),
+        "fedgmm": schedule("fedgmm", MALFORMED + MIXTURE_MALFORMED + ATTACKS),
+        "sheaf-frl": schedule("sheaf-frl", PILOT_KINDS),
+    }
+    runs["fedgmm-startup"] = [
+        Case("fedgmm", kind, partition, 0, "rejected")
+        for kind, partition in zip(STARTUP_KINDS, (1, 2), strict=True)
+    ]
+    if quick:  # a few kinds of each family, enough to exercise every path
+        keep = {"nan", "rename", "corrupt-data", "huge", "sign-flip=100", "inflate"}
+        keep |= {"non-psd", "responsibilities", "pilots-scale", "raise"}
+        for name in ("fedrep", "fedavg", "fedgmm", "sheaf-frl"):
+            chosen = [c for c in runs[name] if c.kind in keep]
+            runs[name] = [
+                Case(c.family, c.kind, c.partition, r, c.expect)
+                for r, c in enumerate(chosen, start=1)
+            ]
+    return runs
+
+
+def fuzz_overrides(name: str, cases: list[Case], runs_dir: Path) -> dict[str, Any]:
+    """The run config of one fuzz run."""
+    family = FAMILIES["fedgmm" if name == "fedgmm-startup" else name]
+    spec = ",".join(f"{c.kind}:{c.partition}@{c.round}" for c in cases)
+    return {
+        **family,
+        "num-clients": CLIENTS,
+        "fraction-train": 1.0,
+        "num-rounds": max(1, max(c.round for c in cases)),
+        "final-rounds": 1,
+        "fault-injection": spec,
+        "results-dir": str(runs_dir),
+        "run-name": f"fuzz-{name}",
+    }
+
+
+def judge(cases: list[Case], directory: Path | None) -> None:
+    """Fill in what happened to each case of a run from what the run wrote."""
+    if directory is None:
+        return
+    records = {r.round: r for r in read_rounds(directory)}
+    summary = read_summary(directory)
+    startup = summary.get("startup_rejections", [])
+    final_ok = _final_arrays_sound(directory)
+    for case in cases:
+        case.finished = True
+        if case.round == 0:
+            reasons = [r for r in startup if r.startswith(f"partition {case.partition}: ")]
+        else:
+            record = records.get(case.round)
+            reasons = [
+                r
+                for r in (record.rejections if record else [])
+                if r.startswith(f"partition {case.partition}: ")
+            ]
+            case.state_well_formed = bool(
+                record and record.server.get("state-well-formed", 0.0) == 1.0 and final_ok
+            )
+        case.rejected = bool(reasons) and not all("capped at" in r for r in reasons)
+        case.reason = reasons[0].split(": ", 1)[1] if reasons else ""
+
+
+def _final_arrays_sound(directory: Path) -> bool:
+    """The final global arrays, read back: all finite."""
+    path = directory / "final_arrays.npz"
+    if not path.exists():
+        return True  # Sheaf-FRL shares no model
+    with np.load(path, allow_pickle=False) as stored:
+        return all(bool(np.all(np.isfinite(stored[name]))) for name in stored.files)
+
+
+def attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any]]:
+    """Every run of the attack table (as run-config overrides)."""
+    base: dict[str, Any] = {"dataset": "mnist1d", "results-dir": str(runs_dir)}
+    if quick:
+        base.update({"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.5})
+    attackers = "0-9" if not quick else "0-1"  # 10% of the clients
+    attacks = {
+        "sign-flip": f"sign-flip={scale:g}:{attackers}",
+        "inflate-examples": f"inflate=1e12:{attackers}",
+    }
+    runs: list[dict[str, Any]] = []
+    for algorithm in ("fedrep", "fedavg"):
+        for aggregation in Aggregation:
+            if quick and aggregation not in (Aggregation.MEAN, Aggregation.TRIMMED_MEAN):
+                continue  # the quick form: one robust aggregation
+            if algorithm == "fedrep" or aggregation == Aggregation.MEAN:
+                runs.append(
+                    {
+                        **base,
+                        "algorithm": algorithm,
+                        "aggregation": aggregation.value,
+                        "run-name": f"{algorithm}-clean-{aggregation.value}",
+                    }
+                )
+            for attack, spec in attacks.items():
+                runs.append(
+                    {
+                        **base,
+                        "algorithm": algorithm,
+                        "aggregation": aggregation.value,
+                        "fault-injection": spec,
+                        "run-name": f"{algorithm}-{attack}-{aggregation.value}",
+                    }
+                )
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the fuzz sweep and the attack table; returns the summary."""
+    parser = output_parser(__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=SIGN_FLIP_SCALE,
+        help=f"sign-flip attack: the update sent as -scale times itself "
+        f"(default {SIGN_FLIP_SCALE:g})",
+    )
+    parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
+    args = parser.parse_args(argv)
+    out = prepare_output(args.out, overwrite=args.overwrite)
+    runs_dir = out / "runs"
+    cases = fuzz_cases(args.quick)
+    fuzz = {name: fuzz_overrides(name, c, runs_dir) for name, c in cases.items()}
+    attacks = [] if args.skip_attacks else attack_runs(args.quick, args.scale, runs_dir)
+    with LocalSimulation() as simulation:
+
+        def attempt(overrides: dict[str, Any]) -> Path | None:
+            try:
+                return simulation.run(overrides)
+            except FlowerRunError as error:
+                print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
+                return None
+
+        with ThreadPoolExecutor(max_workers=parallelism(args)) as pool:
+            fuzz_dirs = dict(zip(fuzz, pool.map(attempt, fuzz.values()), strict=True))
+            attack_dirs = list(pool.map(attempt, attacks))
+    every = [case for name, run in cases.items() for case in run]
+    for name, run in cases.items():
+        judge(run, fuzz_dirs[name])
+    fuzz_summary = {
+        "cases": len(every),
+        "runs_crashed": sum(d is None for d in fuzz_dirs.values()),
+        "replies_rejected": sum(c.rejected for c in every),
+        "corrupt_states_adopted": sum(not c.state_well_formed for c in every),
+        "malformed_not_rejected": [
+            f"{c.family} {c.kind} @{c.round}"
+            for c in every
+            if c.expect == "rejected" and not c.rejected
+        ],
+        "families": sorted({c.family for c in every}),
+    }
+    write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
+    attack_summary = _attack_table(attacks, attack_dirs)
+    result = {
+        "fuzz": fuzz_summary,
+        "attack": attack_summary,
+        "sign_flip_scale": args.scale,
+        "quick": args.quick,
+    }
+    write_json(out / "summary.json", result)
+    table = _report(fuzz_summary, attack_summary, every)
+    (out / "table.md").write_text(table)
+    print(f"\n{table}\nresults: {out}")
+    return result
+
+
+def _attack_table(
+    runs: list[dict[str, Any]], directories: list[Path | None]
+) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for overrides, directory in zip(runs, directories, strict=True):
+        accuracy = float("nan") if directory is None else read_summary(directory)["final_accuracy"]
+        algorithm, aggregation = overrides["algorithm"], overrides["aggregation"]
+        attack = overrides["run-name"][len(algorithm) + 1 : -len(aggregation) - 1]
+        entry = table.setdefault(algorithm, {})
+        if attack == "clean":
+            entry.setdefault("clean_by_aggregation", {})[aggregation] = accuracy
+            if aggregation == Aggregation.MEAN:
+                entry["clean"] = accuracy
+        else:
+            entry.setdefault(attack, {})[aggregation] = accuracy
+    return table
+
+
+def _report(fuzz: dict[str, Any], attack: dict[str, dict[str, Any]], cases: list[Case]) -> str:
+    lines = [
+        "# Fuzz sweep",
+        "",
+        markdown_table(
+            ["cases", "runs crashed", "replies rejected", "corrupt states adopted"],
+            [
+                (
+                    fuzz["cases"],
+                    fuzz["runs_crashed"],
+                    fuzz["replies_rejected"],
+                    fuzz["corrupt_states_adopted"],
+                )
+            ],
+        ),
+        markdown_table(
+            ["family", "kind", "partition", "round", "expected", "rejected", "reason"],
+            [
+                (c.family, c.kind, c.partition, c.round, c.expect, c.rejected, c.reason[:70])
+                for c in cases
+            ],
+        ),
+    ]
+    if attack:
+        aggregations = [a.value for a in Aggregation]
+        rows = []
+        for algorithm, entry in attack.items():
+            clean = 100 * entry.get("clean", float("nan"))
+            for name in ("sign-flip", "inflate-examples"):
+                by_attack = entry.get(name, {})
+                accuracies = [100 * by_attack.get(a, float("nan")) for a in aggregations]
+                rows.append((algorithm, name, clean, *accuracies))
+            if "clean_by_aggregation" in entry:
+                by = entry["clean_by_aggregation"]
+                accuracies = [100 * by.get(a, float("nan")) for a in aggregations]
+                rows.append(
+                    (algorithm, "none", 100 * entry.get("clean", float("nan")), *accuracies)
+                )
+        lines += [
+            "# Attacks (final accuracy, %)",
+            "",
+            markdown_table(["algorithm", "attack", "clean (mean)", *aggregations], rows),
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
