@@ -1,0 +1,42 @@
+"""simulations.robustness in --quick form, through Flower: the fuzz sweep's verdicts
+and the attack table's shape, read from what the script wrote."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from simulations import robustness
+
+pytestmark = pytest.mark.flower
+
+
+def test_robustness_quick(tmp_path: Path) -> None:
+    summary = robustness.main(["--out", str(tmp_path), "--quick", "--parallel", "3"])
+    fuzz = summary["fuzz"]
+    cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
+    assert fuzz["cases"] == len(cases) >= 25
+    assert fuzz["families"] == ["fedavg", "fedgmm", "fedrep", "sheaf-frl"]
+    assert fuzz["runs_crashed"] == 0
+    assert fuzz["corrupt_states_adopted"] == 0
+    # Every malformed reply was left out with a reason; attacks were accepted or capped
+    assert fuzz["malformed_not_rejected"] == []
+    expected = [c for c in cases if c["expect"] == "rejected"]
+    assert fuzz["replies_rejected"] == len(expected)
+    assert all(c["reason"] for c in expected)
+    assert all("capped at" in c["reason"] for c in cases if c["expect"] == "capped")
+    attack = summary["attack"]
+    for algorithm in ("fedrep", "fedavg"):
+        entry = attack[algorithm]
+        assert 0.0 < entry["clean"] <= 1.0
+        for name in ("sign-flip", "inflate-examples"):
+            assert set(entry[name]) == {"mean", "trimmed-mean"}
+            assert all(math.isfinite(v) for v in entry[name].values())
+    # The size cap: honest updates with inflated sizes weigh what they hold, so the
+    # plain mean is the clean run's, to the bit.
+    for algorithm in ("fedrep", "fedavg"):
+        assert attack[algorithm]["inflate-examples"]["mean"] == attack[algorithm]["clean"]
+    assert (tmp_path / "table.md").read_text().startswith("# Fuzz sweep")
