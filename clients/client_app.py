@@ -148,7 +148,12 @@ def train(msg: Message, context: Context) -> Message:
     arrays, metrics = client.fit(dict(received), config)
     arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
     device_state.count_round(context)
-    device_state.persist(run, context, server_round=int(config[protocol.ROUND]))  # type: ignore[arg-type]
+    device_state.persist(
+        run,
+        context,
+        server_round=int(config[protocol.ROUND]),  # type: ignore[arg-type]
+        token=str(config.get(protocol.RUN_TOKEN, "")),
+    )
     return faults.on_wire(run, partition, config, _reply(msg, arrays, metrics))
 
 

@@ -5,19 +5,23 @@ engine's): a SuperNode that crashes or is killed loses its personal parts (FedRe
 FedGMM's weights, a Sheaf-FRL agent), and so does every node of a simulation that is
 stopped and resumed. With a state directory (node config ``state-dir`` on a device, or
 run config ``client-state-dir`` in simulation) the ClientApp writes the state after each
-training round to ``<dir>/<run>-partition-<id>-round-<r>.npz`` (atomically; the last two
-rounds are kept) and a node whose state is empty restores the newest snapshot older than
-the round it is asked to work on, so a resumed run continues from exactly the state its
-checkpoint saw. ``<run>`` is the run name (or ``run-<id>`` without one): a new run never
-sees another run's state.
+training round to ``<dir>/<run>-<token>-partition-<id>-round-<r>.npz`` (fsynced, then
+renamed into place; the last two rounds are kept) and a node whose state is empty
+restores the newest readable snapshot older than the round it is asked to work on, so a
+resumed run continues from exactly the state its checkpoint saw. ``<run>`` is the run
+name (or ``run-<id>`` without one) and ``<token>`` the run's identity, sent by the
+server (a fresh run gets a new one, a resumed run keeps it): a new run never sees
+another run's state, even under the same name.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
@@ -25,6 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from fedpers import protocol
 from fedpers.config import RunConfig
 
+logger = logging.getLogger(__name__)
 META = protocol.STATE_META
 ROUNDS_TRAINED = protocol.STATE_ROUNDS_TRAINED
 KEEP = 2
@@ -35,18 +40,20 @@ def _directory(run: RunConfig, context: Context) -> Path | None:
     return Path(str(directory)) if directory else None
 
 
-def _stem(run: RunConfig, context: Context) -> str:
+def _stem(run: RunConfig, context: Context, token: str) -> str:
+    """The file-name stem of this run's snapshots of this node: the run name, the run's
+    token (a fresh run's identity, kept when it is resumed), the partition."""
     name = run.run_name or f"run-{context.run_id}"
     partition = context.node_config.get(protocol.NODE_PARTITION_ID, "x")
-    return f"{name}-partition-{partition}"
+    return f"{name}-{token or 'untagged'}-partition-{partition}"
 
 
-def snapshots(run: RunConfig, context: Context) -> dict[int, Path]:
-    """This node's saved snapshots by round."""
+def snapshots(run: RunConfig, context: Context, token: str = "") -> dict[int, Path]:
+    """This node's saved snapshots of this run, by round; other runs' are not seen."""
     directory = _directory(run, context)
     if directory is None or not directory.exists():
         return {}
-    pattern = re.compile(re.escape(_stem(run, context)) + r"-round-(\d+)\.npz$")
+    pattern = re.compile(re.escape(_stem(run, context, token)) + r"-round-(\d+)\.npz$")
     found = {}
     for path in directory.iterdir():
         if match := pattern.match(path.name):
@@ -54,31 +61,45 @@ def snapshots(run: RunConfig, context: Context) -> dict[int, Path]:
     return found
 
 
-def restore(run: RunConfig, context: Context, *, before_round: int) -> bool:
-    """Fill an empty ``context.state`` from the newest snapshot of a round before
-    ``before_round``; True if something was restored."""
+def restore(run: RunConfig, context: Context, *, before_round: int, token: str = "") -> bool:
+    """Fill an empty ``context.state`` from the newest readable snapshot of a round
+    before ``before_round``; True if something was restored. A damaged snapshot (cut
+    short by a crash) is skipped with a warning, and the one before it is used."""
     if len(context.state) > 0:
         return False
-    found = snapshots(run, context)
-    older = [r for r in found if r < before_round]
-    if not older:
-        return False
-    with np.load(found[max(older)], allow_pickle=False) as stored:
+    found = snapshots(run, context, token)
+    for server_round in sorted((r for r in found if r < before_round), reverse=True):
+        try:
+            arrays, configs = _read(found[server_round])
+        except Exception as error:
+            logger.warning(
+                "snapshot %s is damaged (%s); trying the one before it",
+                found[server_round],
+                type(error).__name__,
+            )
+            continue
+        for record, values in arrays.items():
+            context.state[record] = ArrayRecord(values)
+        for record, items in configs.items():
+            context.state[record] = ConfigRecord(items)
+        return True
+    return False
+
+
+def _read(path: Path) -> tuple[dict[str, dict[str, Array]], dict[str, dict[str, Any]]]:
+    with np.load(path, allow_pickle=False) as stored:
         configs = json.loads(str(stored["__configs__"])) if "__configs__" in stored.files else {}
         arrays: dict[str, dict[str, Array]] = {}
         for key in stored.files:
             if key.startswith("a|"):
                 _, record, name = key.split("|", 2)
                 arrays.setdefault(record, {})[name] = Array(np.ascontiguousarray(stored[key]))
-    for record, values in arrays.items():
-        context.state[record] = ArrayRecord(values)
-    for record, values in configs.items():
-        context.state[record] = ConfigRecord(values)
-    return True
+    return arrays, configs
 
 
-def persist(run: RunConfig, context: Context, *, server_round: int) -> None:
-    """Snapshot ``context.state`` after ``server_round`` (no-op without a directory)."""
+def persist(run: RunConfig, context: Context, *, server_round: int, token: str = "") -> None:
+    """Snapshot ``context.state`` after ``server_round`` (no-op without a directory),
+    fsynced before it replaces anything; the last ``KEEP`` of this run are kept."""
     directory = _directory(run, context)
     if directory is None:
         return
@@ -89,12 +110,14 @@ def persist(run: RunConfig, context: Context, *, server_round: int) -> None:
             payload[f"a|{record}|{name}"] = array.numpy()
     configs = {name: dict(values) for name, values in context.state.config_records.items()}
     payload["__configs__"] = np.array(json.dumps(configs))
-    path = directory / f"{_stem(run, context)}-round-{server_round}.npz"
+    path = directory / f"{_stem(run, context, token)}-round-{server_round}.npz"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as handle:
         np.savez(handle, **payload)  # type: ignore[arg-type]  # numpy stubs: **kwargs
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
-    kept = snapshots(run, context)
+    kept = snapshots(run, context, token)
     for old in sorted(kept)[:-KEEP]:
         kept[old].unlink(missing_ok=True)
 

@@ -146,6 +146,10 @@ class AlgorithmSpec:
         Its variant for the linear model (``dataset = "linear"``).
     deep : bool (default: True)
         False for algorithms that exist only for the linear model.
+    personal_state : bool, optional
+        Whether clients keep state between rounds beyond their personal parts (Ditto's
+        personal model); by default, whether the row keeps model parts or is not of
+        the personalized family.
     paper : str (default: "")
         Where it comes from.
     """
@@ -161,12 +165,22 @@ class AlgorithmSpec:
     unseen: bool = False
     linear: LinearVariant | None = None
     deep: bool = True
+    personal_state: bool | None = None
     paper: str = ""
 
     @property
     def personal(self) -> tuple[str, ...]:
         """Model parts kept on the device."""
         return tuple(part for part in MODEL_PARTS if part not in self.shared)
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether clients keep anything between rounds (personal parts, mixture
+        weights, a personal model, a whole agent): then an exact resume needs it on
+        disk."""
+        if self.personal_state is not None:
+            return self.personal_state
+        return self.family is not Family.PERSONALIZED or bool(self.personal)
 
     def strategy_class(self, *, linear: bool = False) -> Any:
         """The strategy class (of the linear variant with ``linear``)."""
@@ -243,6 +257,7 @@ _BUILT_IN = (
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,
         client="clients.ditto:DittoClient",
+        personal_state=True,
         settings=(
             Setting(
                 "ditto-lambda",

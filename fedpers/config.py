@@ -690,6 +690,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_shift()
         self._check_mixture_run()
         self._check_sheaf_run()
+        self._check_resume()
         self._check_algorithm_settings()
 
     def _check_algorithm_settings(self) -> None:
@@ -789,6 +790,16 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                     f"run-config key 'gmm-embedding-dim' = {self.gmm_embedding_dim} exceeds "
                     f"the {flat} input dimensions of dataset='{self.dataset}'."
                 )
+
+    def _check_resume(self) -> None:
+        if self.resume and self.spec.keeps_state and not self.client_state_dir:
+            raise ConfigError(
+                f"run-config key 'resume' = true, but algorithm '{self.algorithm}' keeps "
+                "state on its clients and 'client-state-dir' is empty: the resumed run "
+                "would restart every client from scratch. Set 'client-state-dir' (in "
+                "simulation; on devices, give each SuperNode --node-config state-dir=...) "
+                "in the interrupted run's configuration and in the resumed one."
+            )
 
     def _check_sheaf_run(self) -> None:
         for key, text in (

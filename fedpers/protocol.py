@@ -70,6 +70,7 @@ UNSEEN = "unseen"  # 1: the node is an unseen client: adapt, then test
 ADAPT_FRACTION = "adapt-fraction"
 WHITENING = "whitening"  # Sheaf-FRL: whiten with statistics of "pilots" or "train" latents
 COMMUNICATION = "communication"  # 1: evaluate decoding the neighbours' transported latents
+RUN_TOKEN = "run-token"  # a fresh run's identity, kept by its resumption (snapshot names)
 
 # ---- Keys of the MetricRecord a client replies with -------------------------------
 NUM_EXAMPLES = "num-examples"

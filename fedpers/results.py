@@ -5,16 +5,21 @@ Every run writes ``<results-dir>/<run-name>/``:
 - ``rounds.jsonl``: one JSON object per round, appended and flushed as the round ends
   (round, wall seconds, aggregated train / evaluate / server metrics, reply counts);
 - ``summary.json``: final metrics, written atomically when the run ends;
-- PNG plots of the per-round metrics.
+- PNG plots of the per-round metrics;
+- ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
+- ``.lock``: held (``flock``) by the ServerApp writing the directory, so two runs of
+  one name cannot interleave their rounds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +31,8 @@ CONFIG_FILE = "config.json"
 ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.json"
+RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
 
 
 @dataclass
@@ -95,16 +102,26 @@ class RunRecorder:
         self.progress_metric = progress_metric
         self.records: list[RoundRecord] = []
         self.started = time.monotonic()
+        self._lock = -1
         if resume_after is not None:
+            self._lock = _claim(directory)
             self._reopen(config, resume_after)
             return
-        if (directory / SUMMARY_FILE).exists() or (directory / ROUNDS_FILE).exists():
+        self._refuse_existing()
+        self._lock = _claim(directory)
+        self._refuse_existing()  # a run that started at the same time and wrote first
+        (directory / FAILURE_FILE).unlink(missing_ok=True)  # of an earlier, failed start
+        _write_json_atomic(directory / CONFIG_FILE, dict(config))
+        self.token = uuid.uuid4().hex[:12]
+        _write_json_atomic(directory / RUN_FILE, {"token": self.token})
+
+    def _refuse_existing(self) -> None:
+        if (self.directory / SUMMARY_FILE).exists() or (self.directory / ROUNDS_FILE).exists():
+            self.release()
             raise ResultsExistError(
-                f"{directory} already holds the results of a run; choose another "
+                f"{self.directory} already holds the results of a run; choose another "
                 "run-name or results-dir, remove that directory, or set resume = true"
             )
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(directory / CONFIG_FILE, dict(config))
 
     def _reopen(self, config: Mapping[str, Any], resume_after: int) -> None:
         """Continue a run: same configuration, rounds kept up to its checkpoint."""
@@ -120,11 +137,12 @@ class RunRecorder:
                 "the interrupted run's config.json"
             )
         kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
-        with (self.directory / ROUNDS_FILE).open("w") as handle:
-            for record in kept:
-                handle.write(json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n")
+        lines = [json.dumps(_finite_or_null(asdict(r)), allow_nan=False) + "\n" for r in kept]
+        _write_text_atomic(self.directory / ROUNDS_FILE, "".join(lines))
         self.records = kept
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
+        run = self.directory / RUN_FILE
+        self.token = json.loads(run.read_text())["token"] if run.exists() else ""
 
     def fail(self, reason: str) -> None:
         """Record why the run stopped early (``failure.json``); rounds so far stay."""
@@ -132,6 +150,13 @@ class RunRecorder:
             self.directory / FAILURE_FILE,
             {"reason": reason, "rounds_completed": len(self.records)},
         )
+        self.release()
+
+    def release(self) -> None:
+        """Let another run write this directory (after ``finish`` or ``fail``)."""
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     def record(self, record: RoundRecord) -> None:
         """Append a round to ``rounds.jsonl`` and log its progress line."""
@@ -165,6 +190,7 @@ class RunRecorder:
             "wall_seconds": time.monotonic() - self.started,
         }
         _write_json_atomic(self.directory / SUMMARY_FILE, final)
+        self.release()
         for metric in plots:
             plot_rounds(
                 [(self.name, self.records)],
@@ -172,6 +198,11 @@ class RunRecorder:
                 self.directory / f"{metric.replace('.', '_')}.png",
             )
         return final
+
+
+def write_failure(directory: Path, reason: str) -> None:
+    """Write ``failure.json`` for a run that stopped before it had a recorder."""
+    _write_json_atomic(directory / FAILURE_FILE, {"reason": reason, "rounds_completed": 0})
 
 
 def metric_value(record: RoundRecord, metric: str) -> float:
@@ -191,9 +222,21 @@ def final_mean(records: list[RoundRecord], metric: str, last: int) -> float:
 
 
 def read_rounds(directory: Path) -> list[RoundRecord]:
-    """The round records of a run directory."""
-    lines = (directory / ROUNDS_FILE).read_text().splitlines()
-    return [RoundRecord(**json.loads(line)) for line in lines if line.strip()]
+    """The round records of a run directory. A last line cut short (the run was killed
+    while writing it) is dropped with a warning; any other bad line is an error."""
+    lines = [line for line in (directory / ROUNDS_FILE).read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(RoundRecord(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as error:
+            if number < len(lines):
+                raise ValueError(
+                    f"{directory / ROUNDS_FILE}, line {number}, is not a round record "
+                    f"({error}); the file is damaged beyond its last line"
+                ) from error
+            logger.warning("%s: dropped a half-written last line", directory / ROUNDS_FILE)
+    return records
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -246,6 +289,31 @@ def plot_rounds(
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON atomically (a crash leaves the old file or the new one, never half)."""
     _write_json_atomic(path, dict(payload))
+
+
+def _claim(directory: Path) -> int:
+    """Hold the directory's lock for this process's lifetime (the descriptor stays
+    open); a second run writing the same directory is refused at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = os.open(directory / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise ResultsExistError(
+            f"another run is writing {directory} right now; choose another run-name"
+        ) from None
+    return handle
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` through a temporary file, fsynced, and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

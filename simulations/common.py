@@ -77,8 +77,12 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
             raise SystemExit(f"error: {error}") from error
 
 
+MARKER = ".fedpers-results"  # in every output directory a script made
+
+
 def prepare_output(out: Path, *, overwrite: bool) -> Path:
-    """Create ``out``; refuse to clobber earlier results unless ``overwrite``.
+    """Create ``out``; refuse to clobber earlier results unless ``overwrite``, and then
+    delete only a directory that a fedpers script made (it holds ``MARKER``).
 
     Called before any run starts, so a wrong directory costs nothing.
     """
@@ -89,8 +93,15 @@ def prepare_output(out: Path, *, overwrite: bool) -> Path:
                 f"error: {out} is not empty; pass --overwrite to replace its contents "
                 "or choose another --out"
             )
+        if not (out / MARKER).is_file():
+            raise SystemExit(
+                f"error: --overwrite deletes only an output directory of a fedpers script, "
+                f"and {out} is not one (it has no {MARKER}); remove it yourself or choose "
+                "another --out"
+            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by a fedpers script; --overwrite may delete this folder\n")
     return out
 
 

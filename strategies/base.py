@@ -82,6 +82,7 @@ class FedpersStrategy(Strategy):
         self.rejections: dict[int, list[str]] = {}
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
+        self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
@@ -185,13 +186,20 @@ class FedpersStrategy(Strategy):
                 protocol.EPOCHS: run.epochs,
                 protocol.HEAD_EPOCHS: run.head_epochs,
                 protocol.LR: run.linear_lr if run.is_linear else run.lr,
+                protocol.RUN_TOKEN: self.run_token,
             }
         )
 
     def evaluate_config(self) -> ConfigRecord:
         """Evaluation fine-tunes nothing, except in a final test that says so (then
         with the run's learning rate)."""
-        return ConfigRecord({protocol.FINETUNE_EPOCHS: 0, protocol.LR: self.run.lr})
+        return ConfigRecord(
+            {
+                protocol.FINETUNE_EPOCHS: 0,
+                protocol.LR: self.run.lr,
+                protocol.RUN_TOKEN: self.run_token,
+            }
+        )
 
     # ------------------------------------------------------------------ hooks
     def train_contents(

@@ -12,12 +12,19 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedpers import linear, protocol
-from fedpers.checkpoint import load_checkpoint, save_checkpoint
+from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
 from fedpers.logs import route_to_flower
 from fedpers.protocol import CommunicationTest, FinalTestResult, FinetunedTest, UnseenTest
-from fedpers.results import RoundRecord, RunRecorder, final_mean, run_directory, write_json
+from fedpers.results import (
+    RoundRecord,
+    RunRecorder,
+    final_mean,
+    run_directory,
+    write_failure,
+    write_json,
+)
 from strategies import build_strategy
 from strategies.rounds import EvaluateFn
 
@@ -39,7 +46,13 @@ def main(grid: Grid, context: Context) -> None:
     )
     directory = run_directory(config.results_dir, run_name)
     progress = f"server.{DISTANCE}" if config.is_linear else "evaluate.accuracy"
-    checkpoint_round, checkpoint_arrays = load_checkpoint(directory) if config.resume else (0, {})
+    try:
+        checkpoint_round, checkpoint_arrays = (
+            load_checkpoint(directory, num_rounds=config.num_rounds) if config.resume else (0, {})
+        )
+    except CheckpointError as error:
+        write_failure(directory, f"{type(error).__name__}: {error}")
+        raise
     recorder = RunRecorder(
         directory,
         {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
@@ -54,6 +67,7 @@ def main(grid: Grid, context: Context) -> None:
         f" (resumed after round {checkpoint_round})" if config.resume else "",
     )
     strategy = build_strategy(config)
+    strategy.run_token = recorder.token
     evaluate_fn = _distance_to_truth(config) if config.is_linear else None
     evaluate_config = strategy.evaluate_config()
     try:
@@ -61,6 +75,12 @@ def main(grid: Grid, context: Context) -> None:
         partitions_known = time.time()
         if config.resume:
             initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
+            expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
+            if reason := strategy.state_defect(initial, expected):
+                raise CheckpointError(
+                    f"{directory / CHECKPOINT_FILE} does not fit this run ({reason}); "
+                    "resume it with the configuration that wrote it, or start afresh"
+                )
         else:
             initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
             if evaluate_fn is not None:

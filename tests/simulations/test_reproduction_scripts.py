@@ -70,3 +70,19 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:
         fedrep_images.main(["--out", str(tmp_path / "new"), "--classes-per-client", "11"])
     assert (out / "precious.txt").read_text() == "results of an earlier run"
     assert not (tmp_path / "new").exists()
+
+
+def test_overwrite_deletes_only_a_folder_a_script_made(tmp_path: Path) -> None:
+    from simulations.common import MARKER, prepare_output
+
+    foreign = tmp_path / "checkout"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("precious")
+    with pytest.raises(SystemExit, match="deletes only an output directory"):
+        prepare_output(foreign, overwrite=True)
+    assert (foreign / "keep.txt").read_text() == "precious"
+    made = prepare_output(tmp_path / "out", overwrite=False)
+    assert (made / MARKER).is_file()
+    (made / "old.json").write_text("{}")
+    again = prepare_output(made, overwrite=True)
+    assert not (again / "old.json").exists()
