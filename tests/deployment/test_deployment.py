@@ -154,7 +154,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     assert read_summary(results / "deployed")["rounds"] == 4
     # Its head came back from the device: it counts the rounds trained before the kill.
     states = sorted(
-        (cluster.work / "device-state" / "node2").glob("deployed-partition-2-round-*.npz"),
+        (cluster.work / "device-state" / "node2").glob("deployed-*-partition-2-round-*.npz"),
         key=lambda p: int(p.stem.rsplit("-", 1)[1]),
     )
     assert states
