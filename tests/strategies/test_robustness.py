@@ -17,34 +17,13 @@ from clients.client_app import app as client_app
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.results import RoundRecord
+from simulations.robustness import MALFORMED, MIXTURE_MALFORMED
 from strategies import build_strategy
 from strategies.base import FedpersStrategy
 from strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
-# Left out, with a reason naming the partition
-MALFORMED = [
-    "raise",
-    "nan",
-    "shape",
-    "dtype",
-    "rename",
-    "extra",
-    "drop",
-    "corrupt-data",
-    "bad-stype",
-    "examples-list",
-    "loss-list",
-    "huge",
-    "huge=3.4e38",
-]
-MIXTURE_MALFORMED = [
-    "responsibilities",
-    "responsibilities=1e12",
-    "responsibilities-shape",
-    "non-psd",
-    "asymmetric",
-]
+# Left out, with a reason naming the partition: the kinds of simulations.robustness
 FAMILIES: dict[str, dict[str, Any]] = {
     "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
     "fedavg": {"algorithm": "fedavg", "dataset": "digits"},
@@ -98,7 +77,7 @@ def _well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_malformed_reply_is_left_out_and_no_state_is_corrupted(family: str) -> None:
     # Prepare: one kind per round, at partition FAULTY
-    kinds = MALFORMED + (MIXTURE_MALFORMED if family == "fedgmm" else [])
+    kinds = list(MALFORMED) + (list(MIXTURE_MALFORMED) if family == "fedgmm" else [])
     spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
     # Execute
     _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
