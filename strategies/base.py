@@ -89,15 +89,16 @@ class FedpersStrategy(Strategy):
         """The shared parts of the seeded initial model, as the nodes build it.
 
         Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start. Up to three nodes are asked, and the arrays that
-        two of them agree on to the bit are used: one node cannot choose the start.
+        code (and no torch) to start. Three nodes are asked, and the arrays that two of
+        them agree on to the bit are used (all nodes are asked if those three do not
+        agree): one node cannot choose the start.
         """
         if not self.shared:
             return ArrayRecord()
         everyone = sorted(self.federation.node_of_partition)
         answers = self.startup(grid, protocol.QUERY_INITIAL, everyone[:3], RecordDict(), timeout)
         agreed = _agreeing(answers)
-        if len(everyone) > 1 and len(agreed) < 2 and len(everyone) > 3:
+        if len(agreed) < 2 and len(everyone) > 3:
             more = self.startup(grid, protocol.QUERY_INITIAL, everyone[3:], RecordDict(), timeout)
             agreed = _agreeing({**answers, **more})
             answers.update(more)
