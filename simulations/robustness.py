@@ -198,29 +198,30 @@ def attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any
         "inflate-examples": f"inflate=1e12:{attackers}",
     }
     runs: list[dict[str, Any]] = []
+
+    def add(algorithm: str, aggregation: Aggregation, attack: str) -> None:
+        runs.append(
+            {
+                **base,
+                "algorithm": algorithm,
+                "aggregation": aggregation.value,
+                "fault-injection": attacks.get(attack, ""),
+                "run-name": f"{algorithm}-{attack}-{aggregation.value}",
+            }
+        )
+
     for algorithm in ("fedrep", "fedavg"):
+        if quick:  # the plain mean, and the trimmed mean against the sign flip
+            for attack in ("clean", *attacks):
+                add(algorithm, Aggregation.MEAN, attack)
+            add(algorithm, Aggregation.TRIMMED_MEAN, "sign-flip")
+            continue
         for aggregation in Aggregation:
-            if quick and aggregation not in (Aggregation.MEAN, Aggregation.TRIMMED_MEAN):
-                continue  # the quick form: one robust aggregation
+            # FedRep's clean runs under every aggregation: what robustness costs it
             if algorithm == "fedrep" or aggregation == Aggregation.MEAN:
-                runs.append(
-                    {
-                        **base,
-                        "algorithm": algorithm,
-                        "aggregation": aggregation.value,
-                        "run-name": f"{algorithm}-clean-{aggregation.value}",
-                    }
-                )
-            for attack, spec in attacks.items():
-                runs.append(
-                    {
-                        **base,
-                        "algorithm": algorithm,
-                        "aggregation": aggregation.value,
-                        "fault-injection": spec,
-                        "run-name": f"{algorithm}-{attack}-{aggregation.value}",
-                    }
-                )
+                add(algorithm, aggregation, "clean")
+            for attack in attacks:
+                add(algorithm, aggregation, attack)
     return runs
 
 
