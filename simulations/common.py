@@ -36,9 +36,10 @@ def output_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def config_help(key: str) -> str:
+def config_help(key: str, script: bool = False) -> str:
     """The ``--help`` text of a flag that sets run-config key ``key``: the schema's
-    description, allowed values and default, so that a script says what the README says.
+    description, allowed values and default, so that a script says what the README says;
+    with ``script``, also the script's own default (argparse's ``%(default)s``).
 
     Raises
     ------
@@ -54,8 +55,8 @@ def config_help(key: str) -> str:
     allowed = f", one of {', '.join(setting.choices)}" if setting.choices else ""
     text = (
         f"{setting.description} (run-config key '{key}'{allowed}; default {setting.toml_default})"
-    )
-    return text.replace("%", "%%")  # argparse %-formats help strings
+    ).replace("%", "%%")  # argparse %-formats help strings
+    return f"{text}; this script: %(default)s" if script else text
 
 
 def parallelism(args: argparse.Namespace) -> int:

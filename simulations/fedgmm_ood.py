@@ -39,6 +39,7 @@ from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.results import read_config
 from simulations.common import (
+    config_help,
     markdown_table,
     output_parser,
     parallelism,
@@ -56,10 +57,16 @@ TRAINED = ("fedgmm", "fedem", "fedavg")
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train the three methods, score in- and out-of-distribution samples."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--embedding-dim", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--clients", type=int, default=50, help=config_help("num-clients", script=True)
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=100, help=config_help("num-rounds", script=True)
+    )
+    parser.add_argument(
+        "--embedding-dim", type=int, default=16, help=config_help("gmm-embedding-dim", script=True)
+    )
+    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.rounds = 20, 15

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedpers.results import plot_rounds, read_rounds, read_summary
 from simulations.common import (
+    config_help,
     markdown_table,
     output_parser,
     parallelism,
@@ -44,22 +45,61 @@ METHODS = ("fedgmm", "fedem", "fedavg", "local")
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the four methods on the synthetic mixtures; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=300)
-    parser.add_argument("--samples-per-client", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--fraction", type=float, default=0.3, help="clients trained per round")
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--components", type=int, default=3, help="M of the data")
-    parser.add_argument("--alpha", type=float, default=0.4)
-    parser.add_argument("--covariance", choices=["identity", "official"], default="identity")
-    parser.add_argument("--labels", choices=["difference", "random"], default="difference")
-    parser.add_argument("--sizes", choices=["fixed", "lognormal"], default="fixed")
-    parser.add_argument("--learners", type=int, default=3, help="M2")
-    parser.add_argument("--gmm-components", type=int, default=3, help="M1")
-    parser.add_argument("--aggregation", choices=["exact", "average"], default="exact")
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--clients", type=int, default=300, help=config_help("num-clients", script=True)
+    )
+    parser.add_argument(
+        "--samples-per-client",
+        type=int,
+        default=300,
+        help=config_help("samples-per-client", script=True),
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=100, help=config_help("num-rounds", script=True)
+    )
+    parser.add_argument(
+        "--fraction", type=float, default=0.3, help=config_help("fraction-train", script=True)
+    )
+    parser.add_argument("--dim", type=int, default=32, help=config_help("mixture-dim", script=True))
+    parser.add_argument(
+        "--components", type=int, default=3, help=config_help("mixture-components", script=True)
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=0.4, help=config_help("mixture-alpha", script=True)
+    )
+    parser.add_argument(
+        "--covariance",
+        choices=["identity", "official"],
+        default="identity",
+        help=config_help("mixture-covariance", script=True),
+    )
+    parser.add_argument(
+        "--labels",
+        choices=["difference", "random"],
+        default="difference",
+        help=config_help("mixture-labels", script=True),
+    )
+    parser.add_argument(
+        "--sizes",
+        choices=["fixed", "lognormal"],
+        default="fixed",
+        help=config_help("mixture-sizes", script=True),
+    )
+    parser.add_argument(
+        "--learners", type=int, default=3, help=config_help("mixture-learners", script=True)
+    )
+    parser.add_argument(
+        "--gmm-components", type=int, default=3, help=config_help("gmm-components", script=True)
+    )
+    parser.add_argument(
+        "--aggregation",
+        choices=["exact", "average"],
+        default="exact",
+        help=config_help("gmm-aggregation", script=True),
+    )
+    parser.add_argument("--lr", type=float, default=0.5, help=config_help("lr", script=True))
+    parser.add_argument("--epochs", type=int, default=2, help=config_help("epochs", script=True))
+    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     parser.add_argument(
         "--evaluate-every", type=int, default=5, help="also always the last 10 rounds"
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 from fedpers.results import read_summary
 from simulations.common import (
+    config_help,
     markdown_table,
     output_parser,
     parallelism,
@@ -71,10 +72,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train on the seen clients, adapt and test the unseen ones; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", choices=sorted(SETTINGS), default="synthetic")
-    parser.add_argument("--clients", type=int, help="number of clients, seen and unseen")
-    parser.add_argument("--rounds", type=int)
-    parser.add_argument("--unseen-fraction", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, help=config_help("num-clients", script=True))
+    parser.add_argument("--rounds", type=int, help=config_help("num-rounds", script=True))
+    parser.add_argument(
+        "--unseen-fraction",
+        type=float,
+        default=0.2,
+        help=config_help("unseen-fraction", script=True),
+    )
+    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     args = parser.parse_args(argv)
     settings = dict(SETTINGS[args.dataset])
     if args.quick:

@@ -25,6 +25,7 @@ from fedpers import algorithms
 from fedpers.algorithms import Family
 from fedpers.results import plot_rounds, read_config, read_rounds, read_summary
 from simulations.common import (
+    config_help,
     markdown_table,
     output_parser,
     parallelism,
@@ -67,11 +68,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the comparison and write its summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="mnist1d", choices=sorted(DATASET_SETTINGS))
-    parser.add_argument("--clients", type=int, help="number of clients (default: per data set)")
-    parser.add_argument("--classes-per-client", type=int, help="S (default: per data set)")
-    parser.add_argument("--rounds", type=int, help="communication rounds T")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-root", default="", help="local root of torchvision data sets")
+    parser.add_argument("--clients", type=int, help=config_help("num-clients", script=True))
+    parser.add_argument(
+        "--classes-per-client", type=int, help=config_help("classes-per-client", script=True)
+    )
+    parser.add_argument("--rounds", type=int, help=config_help("num-rounds", script=True))
+    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
+    parser.add_argument("--data-root", default="", help=config_help("data-root", script=True))
     known = methods()
     parser.add_argument(
         "--methods", default=",".join(known), help=f"comma-separated subset of {known}"

@@ -33,6 +33,7 @@ from fedpers.data.synthetic import LinearTasks
 from fedpers.results import plot_rounds, read_rounds, read_summary
 from fedpers.seeding import rng
 from simulations.common import (
+    config_help,
     markdown_table,
     output_parser,
     parallelism,
@@ -73,12 +74,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run Figures 3 and 4 and write their summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=_ints, default=[10, 100, 1000], help="values of n")
-    parser.add_argument("--dim", type=int, default=10, help="d of Figure 3")
-    parser.add_argument("--rank", type=int, default=2, help="k")
-    parser.add_argument("--samples", type=int, default=5, help="m: samples per client per round")
-    parser.add_argument("--fraction", type=float, default=0.1, help="r: clients per round")
-    parser.add_argument("--rounds", type=int, default=200, help="T of Figure 3")
-    parser.add_argument("--noise-std", type=float, default=0.0316, help="label noise std")
+    parser.add_argument("--dim", type=int, default=10, help=config_help("linear-dim", script=True))
+    parser.add_argument("--rank", type=int, default=2, help=config_help("linear-rank", script=True))
+    parser.add_argument(
+        "--samples", type=int, default=5, help=config_help("linear-samples", script=True)
+    )
+    parser.add_argument(
+        "--fraction", type=float, default=0.1, help=config_help("fraction-train", script=True)
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=200, help=config_help("num-rounds", script=True)
+    )
+    parser.add_argument(
+        "--noise-std", type=float, default=0.0316, help=config_help("linear-noise-std", script=True)
+    )
     parser.add_argument(
         "--step-sizes",
         type=_step_sizes,
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="labelled samples of a new client",
     )
     parser.add_argument("--new-clients", type=int, default=50, help="new clients averaged over")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.rounds, args.new_rounds = [10, 100], 60, 60
