@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from fedpers.aggregation import Aggregation
-from fedpers.results import read_rounds, read_summary, write_json
+from fedpers.results import final_mean, read_rounds, read_summary, write_json
 from simulations.common import markdown_table, output_parser, parallelism, prepare_output
 from simulations.launch import FlowerRunError, LocalSimulation
 
@@ -287,12 +287,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _attack_table(
     runs: list[dict[str, Any]], directories: list[Path | None]
 ) -> dict[str, dict[str, Any]]:
+    """Final accuracy of every attack run by algorithm, attack and aggregation. A run
+    that an attack drove to a stop (every reply rejected, fewer than min-replies) counts
+    with the mean of its last evaluated rounds, and is listed under ``stopped``."""
     table: dict[str, dict[str, Any]] = {}
     for overrides, directory in zip(runs, directories, strict=True):
-        accuracy = float("nan") if directory is None else read_summary(directory)["final_accuracy"]
         algorithm, aggregation = overrides["algorithm"], overrides["aggregation"]
         attack = overrides["run-name"][len(algorithm) + 1 : -len(aggregation) - 1]
         entry = table.setdefault(algorithm, {})
+        if directory is not None:
+            accuracy = read_summary(directory)["final_accuracy"]
+        else:
+            stopped = Path(overrides["results-dir"]) / overrides["run-name"]
+            records = read_rounds(stopped) if (stopped / "rounds.jsonl").exists() else []
+            accuracy = final_mean(records, "evaluate.accuracy", 10)
+            last = records[-1].round if records else 0
+            entry.setdefault("stopped", {}).setdefault(attack, {})[aggregation] = last
         if attack == "clean":
             entry.setdefault("clean_by_aggregation", {})[aggregation] = accuracy
             if aggregation == Aggregation.MEAN:
