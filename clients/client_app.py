@@ -64,7 +64,9 @@ def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Cli
         # Training in round r starts from the state after round r - 1; evaluating in
         # round r sees the state trained in round r.
         evaluating = msg.metadata.message_type == MessageType.EVALUATE
-        device_state.restore(run, context, before_round=server_round + (1 if evaluating else 0))
+        token = str(_config(msg).get(protocol.RUN_TOKEN, ""))
+        before = server_round + (1 if evaluating else 0)
+        device_state.restore(run, context, before_round=before, token=token)
     cls = run.spec.client_class(linear=run.is_linear)
     client: Client = cls(run, _partition(context), context.state)
     return client

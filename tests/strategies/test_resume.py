@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import Context, MessageType, RecordDict
 
 from clients import device_state
 from clients.client_app import app as client_app
+from fedpers import protocol
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import ConfigError, RunConfig, load_run_config
 from fedpers.results import (
@@ -26,6 +27,7 @@ from fedpers.results import (
     read_summary,
 )
 from strategies import server_app
+from strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
 SETTINGS = {"dataset": "digits", "num_clients": 4, "fraction_train": 0.5, "epochs": 1}
@@ -51,6 +53,28 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
             load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
     # FedAvg keeps nothing on its clients: its checkpoint alone resumes it exactly
     assert load_run_config({"algorithm": "fedavg", "resume": True}).resume
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
+    # round 2's checkpoint is the last), then resumed on fresh nodes (empty state)
+    state = {"num_rounds": 4, "num_clients": 10, "client_state_dir": str(tmp_path / "s")}
+
+    def killed_from_round_3(node: int, message: Any) -> str | None:
+        config = message.content.config_records.get(protocol.CONFIG)
+        training = message.metadata.message_type == MessageType.TRAIN
+        late = config is not None and int(config.get(protocol.ROUND, 0)) >= 3
+        return "killed" if training and late else None
+
+    straight = _serve(tmp_path / "a", **state)
+    values = run_config(**{**SETTINGS, **state, "results_dir": str(tmp_path), "run_name": "run"})
+    with pytest.raises(RoundFailedError):
+        _serve(tmp_path, InProcessGrid(client_app, values, 10, fail=killed_from_round_3), **state)
+    # Execute
+    resumed = _serve(tmp_path, resume=True, **state)
+    # Assert: every round's metrics as in the uninterrupted run
+    for a, b in zip(read_rounds(straight), read_rounds(resumed), strict=True):
+        assert (a.round, a.train, a.evaluate) == (b.round, b.train, b.evaluate)
 
 
 def test_a_damaged_checkpoint_is_named_with_its_fix_and_recorded(tmp_path: Path) -> None:
