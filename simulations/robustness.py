@@ -6,8 +6,8 @@ every aggregation.
 1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL) and each kind of
    malformed reply or attack that applies to it (``fedpers.faults.KINDS``), a case: one
    client sends it in one round. The cases of a family run in one `flwr run`, one case
-   per round, at partitions taking turns; start-up cases (FedGMM's queries) in a run of
-   their own. Per case: did the run finish, was the faulty reply left out with a
+   per round, at partitions taking turns; start-up cases (FedGMM's queries) before the
+   first round of the FedGMM run. Per case: did the run finish, was the faulty reply left out with a
    reason (malformed kinds) or capped (inflated sizes), and was every adopted global
    state well formed (``server.state-well-formed`` of every round, and the final arrays
    read back here).
@@ -120,25 +120,27 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
         "fedgmm": schedule("fedgmm", MALFORMED + MIXTURE_MALFORMED + ATTACKS),
         "sheaf-frl": schedule("sheaf-frl", PILOT_KINDS),
     }
-    runs["fedgmm-startup"] = [
-        Case("fedgmm", kind, partition, 0, "rejected")
-        for kind, partition in zip(STARTUP_KINDS, (1, 2), strict=True)
-    ]
     if quick:  # a few kinds of each family, enough to exercise every path
         keep = {"nan", "rename", "corrupt-data", "huge", "sign-flip=100", "inflate"}
         keep |= {"non-psd", "responsibilities", "pilots-scale", "raise"}
-        for name in ("fedrep", "fedavg", "fedgmm", "sheaf-frl"):
-            chosen = [c for c in runs[name] if c.kind in keep]
+        for name in runs:
+            kinds = keep if name != "fedavg" else {"nan", "corrupt-data", "inflate"}
+            chosen = [c for c in runs[name] if c.kind in kinds]
             runs[name] = [
                 Case(c.family, c.kind, c.partition, r, c.expect)
                 for r, c in enumerate(chosen, start=1)
             ]
+    # Start-up answers (round 0) are screened in the FedGMM run, before its first round
+    runs["fedgmm"] += [
+        Case("fedgmm", kind, partition, 0, "rejected")
+        for kind, partition in zip(STARTUP_KINDS, (1, 2), strict=True)
+    ]
     return runs
 
 
 def fuzz_overrides(name: str, cases: list[Case], runs_dir: Path) -> dict[str, Any]:
     """The run config of one fuzz run."""
-    family = FAMILIES["fedgmm" if name == "fedgmm-startup" else name]
+    family = FAMILIES[name]
     spec = ",".join(f"{c.kind}:{c.partition}@{c.round}" for c in cases)
     return {
         **family,
@@ -191,7 +193,7 @@ def attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any
     """Every run of the attack table (as run-config overrides)."""
     base: dict[str, Any] = {"dataset": "mnist1d", "results-dir": str(runs_dir)}
     if quick:
-        base.update({"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.5})
+        base.update({"num-clients": 20, "num-rounds": 3, "final-rounds": 2, "fraction-train": 0.5})
     attackers = "0-9" if not quick else "0-1"  # 10% of the clients
     attacks = {
         "sign-flip": f"sign-flip={scale:g}:{attackers}",
@@ -211,10 +213,13 @@ def attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any
         )
 
     for algorithm in ("fedrep", "fedavg"):
-        if quick:  # the plain mean, and the trimmed mean against the sign flip
-            for attack in ("clean", *attacks):
+        if quick:  # FedRep: each attack on the mean, the sign flip on the trimmed mean;
+            # FedAvg: the sign flip on the mean
+            attacked = ("clean", *attacks) if algorithm == "fedrep" else ("clean", "sign-flip")
+            for attack in attacked:
                 add(algorithm, Aggregation.MEAN, attack)
-            add(algorithm, Aggregation.TRIMMED_MEAN, "sign-flip")
+            if algorithm == "fedrep":
+                add(algorithm, Aggregation.TRIMMED_MEAN, "sign-flip")
             continue
         for aggregation in Aggregation:
             # FedRep's clean runs under every aggregation: what robustness costs it
@@ -252,8 +257,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 return None
 
         with ThreadPoolExecutor(max_workers=parallelism(args)) as pool:
-            fuzz_dirs = dict(zip(fuzz, pool.map(attempt, fuzz.values()), strict=True))
-            attack_dirs = list(pool.map(attempt, attacks))
+            # every run submitted at once, so that no worker waits between the two parts
+            done = list(pool.map(attempt, [*fuzz.values(), *attacks]))
+        fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
+        attack_dirs = done[len(fuzz) :]
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
         judge(run, fuzz_dirs[name])

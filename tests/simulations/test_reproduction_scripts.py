@@ -50,13 +50,13 @@ def test_image_table_quick(tmp_path: Path) -> None:
     out = tmp_path / "images"
     summary = fedrep_images.main(["--out", str(out), "--quick"])
     final = summary["final_accuracy"]
-    assert set(final) == set(fedrep_images.METHODS)
+    assert set(final) == set(fedrep_images.methods())
     assert all(0.0 <= v <= 1.0 for v in final.values())
     assert final["fedrep"] > 0.2
     # Fine-tuning the head on a client's 2 classes helps even after 4 rounds.
     assert final["fedavg-ft"] > final["fedavg"] + 0.1
     table = (out / "table.md").read_text()
-    assert all(f"| {m} |" in table for m in fedrep_images.METHODS)
+    assert all(f"| {m} |" in table for m in fedrep_images.methods())
     assert (out / "accuracy.png").stat().st_size > 1000
 
 

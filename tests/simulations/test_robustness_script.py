@@ -18,7 +18,7 @@ def test_robustness_quick(tmp_path: Path) -> None:
     summary = robustness.main(["--out", str(tmp_path), "--quick", "--parallel", "3"])
     fuzz = summary["fuzz"]
     cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
-    assert fuzz["cases"] == len(cases) >= 25
+    assert fuzz["cases"] == len(cases) >= 20
     assert fuzz["families"] == ["fedavg", "fedgmm", "fedrep", "sheaf-frl"]
     assert fuzz["runs_crashed"] == 0
     assert fuzz["corrupt_states_adopted"] == 0
@@ -32,12 +32,10 @@ def test_robustness_quick(tmp_path: Path) -> None:
     for algorithm in ("fedrep", "fedavg"):
         entry = attack[algorithm]
         assert 0.0 < entry["clean"] <= 1.0
-        assert set(entry["sign-flip"]) == {"mean", "trimmed-mean"}
-        assert set(entry["inflate-examples"]) == {"mean"}
-        for name in ("sign-flip", "inflate-examples"):
-            assert all(math.isfinite(v) for v in entry[name].values())
+        robust = {"mean", "trimmed-mean"} if algorithm == "fedrep" else {"mean"}
+        assert set(entry["sign-flip"]) == robust
+        assert all(math.isfinite(v) for v in entry["sign-flip"].values())
     # The size cap: honest updates with inflated sizes weigh what they hold, so the
     # plain mean is the clean run's, to the bit.
-    for algorithm in ("fedrep", "fedavg"):
-        assert attack[algorithm]["inflate-examples"]["mean"] == attack[algorithm]["clean"]
+    assert attack["fedrep"]["inflate-examples"] == {"mean": attack["fedrep"]["clean"]}
     assert (tmp_path / "table.md").read_text().startswith("# Fuzz sweep")
