@@ -107,10 +107,12 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
         for partition in positions:
             for kind in kinds:
                 expect = "rejected"
-                if kind.split("=")[0] in ("sign-flip", "noise", "zero-examples"):
+                if family == "fedgmm" and kind in ("inflate", "zero-examples"):
+                    expect = "rejected"  # the responsibilities expose the claimed size
+                elif kind.split("=")[0] in ("sign-flip", "noise", "zero-examples"):
                     expect = "accepted"
-                elif kind == "inflate" and family != "fedgmm":
-                    expect = "capped"  # FedGMM: the responsibilities expose the lie
+                elif kind == "inflate":
+                    expect = "capped"
                 cases.append(Case(family, kind, partition, len(cases) + 1, expect))
         return cases
 
@@ -273,6 +275,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{c.family} {c.kind} @{c.round}"
             for c in every
             if c.expect == "rejected" and not c.rejected
+        ],
+        "unexpectedly_rejected": [
+            f"{c.family} {c.kind} @{c.round}"
+            for c in every
+            if c.expect != "rejected" and c.rejected
         ],
         "families": sorted({c.family for c in every}),
     }

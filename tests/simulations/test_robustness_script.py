@@ -24,6 +24,7 @@ def test_robustness_quick(tmp_path: Path) -> None:
     assert fuzz["corrupt_states_adopted"] == 0
     # Every malformed reply was left out with a reason; attacks were accepted or capped
     assert fuzz["malformed_not_rejected"] == []
+    assert fuzz["unexpectedly_rejected"] == []
     expected = [c for c in cases if c["expect"] == "rejected"]
     assert fuzz["replies_rejected"] == len(expected)
     assert all(c["reason"] for c in expected)
