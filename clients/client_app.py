@@ -79,37 +79,39 @@ def _incapable(client: Client, capability: str, query: Query) -> TypeError:
     )
 
 
-def _seeds_model(context: Context, query: Query) -> SeedsModel:
-    client = _client(_run(context), context)
+def _seeds_model(run: RunConfig, context: Context, query: Query) -> SeedsModel:
+    client = _client(run, context)
     if not isinstance(client, SeedsModel):
         raise _incapable(client, "SeedsModel", query)
     return client
 
 
-def _mixture(context: Context, query: Query) -> MixtureInitializer:
-    client = _client(_run(context), context)
+def _mixture(run: RunConfig, context: Context, query: Query) -> MixtureInitializer:
+    client = _client(run, context)
     if not isinstance(client, MixtureInitializer):
         raise _incapable(client, "MixtureInitializer", query)
     return client
 
 
-def _agent(context: Context, query: Query) -> PilotAgent:
-    client = _client(_run(context), context)
+def _agent(run: RunConfig, context: Context, query: Query) -> PilotAgent:
+    client = _client(run, context)
     if not isinstance(client, PilotAgent):
         raise _incapable(client, "PilotAgent", query)
     return client
 
 
-def _startup(context: Context, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _startup(
+    run: RunConfig, context: Context, arrays: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """A start-up answer, as the run's fault injection leaves it (tests only)."""
-    return faults.startup(_run(context), _partition(context), arrays)
+    return faults.startup(run, _partition(context), arrays)
 
 
 def _relayed(
-    context: Context, msg: Message, arrays: dict[str, np.ndarray]
+    run: RunConfig, context: Context, msg: Message, arrays: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Pilots to relay, as the run's fault injection leaves them (tests only)."""
-    return faults.relay(_run(context), _partition(context), _config(msg), arrays)
+    return faults.relay(run, _partition(context), _config(msg), arrays)
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:
@@ -192,57 +194,65 @@ def info(msg: Message, context: Context) -> Message:
 @app.query(Query.INITIAL)
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts."""
-    client = _seeds_model(context, Query.INITIAL)
-    return _reply(msg, _startup(context, client.initial_arrays()), {})
+    run = _run(context)
+    client = _seeds_model(run, context, Query.INITIAL)
+    return _reply(msg, _startup(run, context, client.initial_arrays()), {})
 
 
 @app.query(Query.PCA)
 def pca(msg: Message, context: Context) -> Message:
     """FedGMM: moment statistics of this node's embedding inputs (pooled PCA)."""
-    client = _mixture(context, Query.PCA)
-    return _reply(msg, _startup(context, client.pca_moments()), {})
+    run = _run(context)
+    client = _mixture(run, context, Query.PCA)
+    return _reply(msg, _startup(run, context, client.pca_moments()), {})
 
 
 @app.query(Query.SUMMARY)
 def summary(msg: Message, context: Context) -> Message:
     """FedGMM: local k-means centroids of the embeddings (federated k-means++)."""
-    client = _mixture(context, Query.SUMMARY)
-    return _reply(msg, _startup(context, client.summary(_arrays(msg))), {})
+    run = _run(context)
+    client = _mixture(run, context, Query.SUMMARY)
+    return _reply(msg, _startup(run, context, client.summary(_arrays(msg))), {})
 
 
 @app.query(Query.ASSIGN)
 def assign(msg: Message, context: Context) -> Message:
     """FedGMM: statistics of the embeddings assigned to the nearest initial mean."""
-    client = _mixture(context, Query.ASSIGN)
-    return _reply(msg, _startup(context, client.assignment_statistics(_arrays(msg))), {})
+    run = _run(context)
+    client = _mixture(run, context, Query.ASSIGN)
+    return _reply(msg, _startup(run, context, client.assignment_statistics(_arrays(msg))), {})
 
 
 @app.query(Query.PILOTS)
 def pilots(msg: Message, context: Context) -> Message:
     """Sheaf-FRL: refit the whitening on the pilots, send the whitened pilot latents."""
-    client = _agent(context, Query.PILOTS)
-    return _reply(msg, _relayed(context, msg, client.pilots_message(_config(msg))), {})
+    run = _run(context)
+    client = _agent(run, context, Query.PILOTS)
+    return _reply(msg, _relayed(run, context, msg, client.pilots_message(_config(msg))), {})
 
 
 @app.query(Query.MAPS)
 def maps(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (homogeneous): compute owned edges' maps, send transported pilots."""
-    client = _agent(context, Query.MAPS)
-    return _reply(msg, _relayed(context, msg, client.maps_message(_arrays(msg))), {})
+    run = _run(context)
+    client = _agent(run, context, Query.MAPS)
+    return _reply(msg, _relayed(run, context, msg, client.maps_message(_arrays(msg))), {})
 
 
 @app.query(Query.TRANSPORT)
 def transport(msg: Message, context: Context) -> Message:
     """Sheaf-FRL (private): own pilots transported into each neighbour's frame."""
-    client = _agent(context, Query.TRANSPORT)
+    run = _run(context)
+    client = _agent(run, context, Query.TRANSPORT)
     neighbours = [int(n) for n in _arrays(msg).get(protocol.NEIGHBOURS, np.zeros(0))]
-    return _reply(msg, _relayed(context, msg, client.transport_message(neighbours)), {})
+    return _reply(msg, _relayed(run, context, msg, client.transport_message(neighbours)), {})
 
 
 @app.query(Query.LATENTS)
 def latents(msg: Message, context: Context) -> Message:
     """Sheaf-FRL: whitened pilots and test latents for communication accuracy."""
-    client = _agent(context, Query.LATENTS)
+    run = _run(context)
+    client = _agent(run, context, Query.LATENTS)
     return _reply(msg, client.latents_message(_config(msg)), {})
 
 
@@ -253,5 +263,5 @@ def moments(msg: Message, context: Context) -> Message:
     client = _client(run, context)
     if not isinstance(client, MomentsSource):
         raise _incapable(client, "MomentsSource", Query.MOMENTS)
-    moments = _startup(context, client.moments())
+    moments = _startup(run, context, client.moments())
     return _reply(msg, moments, {protocol.NUM_EXAMPLES: float(run.linear_samples)})

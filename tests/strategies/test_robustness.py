@@ -98,7 +98,9 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
     spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
     _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
     flip, noise, inflate, zero, negative = records
-    assert flip.replies == 4 or any(f"partition {FAULTY}" in r for r in flip.rejections)
+    # A sign flip x100 is an update a mean cannot tell from training (far below the 1e6
+    # magnitude guard): accepted; the robust aggregations are what bound it.
+    assert (flip.replies, flip.rejections) == (4, [])
     assert noise.replies == 4
     if family == "fedgmm":  # the responsibilities sum to the true size: a lie shows
         assert any("responsibilities sum to" in r for r in inflate.rejections)
