@@ -25,11 +25,14 @@ from fedpers.results import (
     write_failure,
     write_json,
 )
-from strategies import build_strategy
+from strategies import build_strategy, linkstate_index
 from strategies.rounds import EvaluateFn
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
+# In a simulation this process also holds Flower's LinkState: index it by node so the
+# dispatcher's sweeps cost nodes + messages, not nodes x messages (see the module).
+linkstate_index.install()
 
 DISTANCE = "principal-angle-distance"
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear runs)
