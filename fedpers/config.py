@@ -544,7 +544,8 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
             On a missing or unknown key, a value of the wrong type, or a value outside
             what the key allows. The message names the key and what is allowed.
         """
-        settings = {s.attribute: s for s in schema().values()}
+        every = schema()
+        settings = {s.attribute: s for s in every.values()}
         given = {key.replace("-", "_"): value for key, value in values.items()}
         unknown = sorted(set(given) - set(settings))
         if unknown:
@@ -555,7 +556,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
             )
         # Keys an algorithm declares take its default when absent: a package that
         # registers an algorithm cannot add them to every app's pyproject.
-        for key in schema().values():
+        for key in every.values():
             if key.group == ALGORITHM_GROUP:
                 given.setdefault(key.attribute, key.default)
         missing = sorted(set(settings) - set(given))
@@ -566,10 +567,8 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                 "[tool.flwr.app.config] of pyproject.toml."
             )
         parsed = {name: s.parse(given[name]) for name, s in settings.items()}
-        core = {s.attribute for s in core_schema().values()}
-        declared = {
-            s.key: parsed[s.attribute] for s in schema().values() if s.attribute not in core
-        }
+        core = {s.attribute for s in every.values() if s.group != ALGORITHM_GROUP}
+        declared = {s.key: parsed[s.attribute] for s in every.values() if s.attribute not in core}
         config = cls(
             **{name: value for name, value in parsed.items() if name in core},
             algorithm_settings=declared,
@@ -916,6 +915,7 @@ def schema() -> dict[str, Key]:
     then the keys that registered algorithms declare (``AlgorithmSpec.settings``).
     Installed extensions (``fedpers.algorithms.load_extensions``) are loaded first."""
     algorithms.load_extensions()
+    core = core_schema()
     declared = {
         setting.key: Key(
             key=setting.key,
@@ -927,9 +927,9 @@ def schema() -> dict[str, Key]:
             choices=setting.choices,
         )
         for setting in algorithms.all_settings().values()
-        if setting.key not in core_schema()
+        if setting.key not in core
     }
-    return {**core_schema(), **declared}
+    return {**core, **declared}
 
 
 def core_schema() -> dict[str, Key]:
