@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest clean
+.PHONY: install run test lint typecheck pytest cluster-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# A fedpers simulation on a real two-node Ray cluster (two `ray start` on loopback),
+# against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.
+cluster-test: $(STAMP)
+	$(BIN)/python -m pytest -m cluster tests/deployment/test_ray_cluster.py
 
 clean:
 	rm -rf .flwr .ray .mypy_cache .ruff_cache .pytest_cache

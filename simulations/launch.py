@@ -54,6 +54,9 @@ def flower_environment(home: Path) -> dict[str, str]:
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
         RAY_TMPDIR=str(PROJECT / ".ray"),
+        # A single-machine Ray instance on loopback: on Linux Ray otherwise announces
+        # its nodes at the host's outward address (simulations.ray_cluster sets 1).
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         RAY_DEDUP_LOGS="0",
         PYTHONUNBUFFERED="1",
         MPLBACKEND="Agg",
@@ -81,13 +84,22 @@ class LocalSimulation:
         Receives each progress line of a run (default: print to stdout).
     keep_home : bool (default: False)
         Keep the private FLWR_HOME (installed app copies, SuperLink log) after exit.
+    environment : mapping, optional
+        More environment variables for the SuperLink (and so for its SuperExec and the
+        simulation process), e.g. ``RAY_ADDRESS`` of a Ray cluster to run on
+        (``simulations.ray_cluster``).
     """
 
     def __init__(
-        self, *, echo: Callable[[str], None] | None = None, keep_home: bool = False
+        self,
+        *,
+        echo: Callable[[str], None] | None = None,
+        keep_home: bool = False,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.echo = echo or (lambda line: print(line, flush=True))
         self.keep_home = keep_home
+        self.environment = dict(environment or {})
         self.home = PROJECT / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.process: subprocess.Popen[bytes] | None = None
         self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
@@ -130,7 +142,7 @@ class LocalSimulation:
         ]
         self.process = subprocess.Popen(
             command,
-            env=flower_environment(self.home),
+            env={**flower_environment(self.home), **self.environment},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=PROJECT,
@@ -327,7 +339,12 @@ def stop_process_group(
 def processes_with_home(home: Path) -> list[int]:
     """PIDs of live processes whose environment has ``FLWR_HOME=home``: the SuperLink,
     SuperExec, simulation and Ray processes started for this simulation inherit it."""
-    marker = f"FLWR_HOME={home}".encode()
+    return processes_with_env("FLWR_HOME", str(home))
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """PIDs of live processes (not this one) whose environment has ``name=value``."""
+    marker = f"{name}={value}".encode()
     found = []
     for pid, state, _ in _processes():
         if pid == os.getpid() or state == "Z":
