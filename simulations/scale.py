@@ -1,6 +1,6 @@
-"""How far and how cheaply FedRep simulations scale: 100, 1,000 and 5,000 virtual clients.
+"""How far and how cheaply FedRep simulations scale: 100 to 10,000 virtual clients.
 
-    python -m simulations.scale --out DIR [--quick] [--sizes 100,1000,5000]
+    python -m simulations.scale --out DIR [--quick] [--sizes 100,1000,5000,10000]
 
 FedRep with the small MNIST-1D MLP (40-128-64 | 64-10); every client generates its own
 100 training samples of 2 classes from its own seed (``partitioner = "generated"``), so
@@ -22,7 +22,12 @@ For each size it measures, through a real `flwr run`:
   ``startup_initial_model_seconds`` (the first model, built on partition 0's node);
 - ``peak_rss_mb`` and ``peak_pss_mb``: the peak memory of the whole process tree
   (SuperLink, SuperExec, simulation, Ray and its workers), summed over processes,
-  sampled every 0.5 s (RSS counts shared libraries once per process, PSS shares them).
+  sampled every 0.5 s (RSS counts shared libraries once per process, PSS shares them),
+  and ``simulation_process_rss_mb``, the peak of the ``flwr-simulation`` process alone
+  (the ServerApp, the LinkState, every virtual node's context);
+- ``memory_per_client_kb`` (with two sizes or more): the slope of that process's peak
+  RSS between the smallest and the largest size, what one more virtual client holds;
+  ``tree_memory_per_client_kb`` the same for the whole tree.
 
 Writes DIR/summary.json ``{"clients": {N: {...}}}`` and DIR/table.md.
 """
@@ -61,7 +66,7 @@ from simulations.launch import (
 )
 from strategies.base import FedpersStrategy
 
-SIZES = (100, 1000, 5000)
+SIZES = (100, 1000, 5000, 10000)
 
 
 def settings(clients: int, rounds: int) -> dict[str, Any]:
@@ -136,10 +141,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
             "peak_rss_mb": memory.peak_rss / 2**20,
             "peak_pss_mb": memory.peak_pss / 2**20,
+            "simulation_process_rss_mb": memory.peak_simulation_rss / 2**20,
             "clients_per_round": max(1, round(0.1 * n)),
         }
         print(f"{n} clients: {measured[str(n)]}", flush=True)
-    result = {"clients": measured, "rounds": args.rounds, "quick": args.quick}
+    result: dict[str, Any] = {"clients": measured, "rounds": args.rounds, "quick": args.quick}
+    if len(measured) > 1:
+        # What one more virtual client costs: the slope of the simulation process's peak
+        # RSS (it holds every node's context and messages) and of the whole tree's,
+        # between the smallest and the largest size measured.
+        small, large = measured[str(min(sizes))], measured[str(max(sizes))]
+        span = max(sizes) - min(sizes)
+        for key, name in (
+            ("simulation_process_rss_mb", "memory_per_client_kb"),
+            ("peak_rss_mb", "tree_memory_per_client_kb"),
+        ):
+            result[name] = (large[key] - small[key]) * 1024 / span
     write_summary(out, result)
     table = markdown_table(
         [
@@ -152,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "to ServerApp / nodes / query / model (s)",
             "peak PSS (MB)",
             "peak RSS (MB)",
+            "flwr-simulation RSS (MB)",
         ],
         [
             (
@@ -172,12 +190,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ),
                 m["peak_pss_mb"],
                 m["peak_rss_mb"],
+                m["simulation_process_rss_mb"],
             )
             for n, m in measured.items()
         ],
     )
-    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, 2 cores)\n\n{table}")
-    print(f"\n{table}\nresults: {out}")
+    per_client = "".join(
+        f"\n{name.replace('_', ' ')}: {result[name]:.1f}\n"
+        for name in ("memory_per_client_kb", "tree_memory_per_client_kb")
+        if name in result
+    )
+    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, 2 cores)\n\n{table}{per_client}")
+    print(f"\n{table}{per_client}\nresults: {out}")
     return result
 
 
@@ -239,6 +263,7 @@ class MemoryWatch:
         self.simulation = simulation
         self.peak_rss = 0.0
         self.peak_pss = 0.0
+        self.peak_simulation_rss = 0.0  # the flwr-simulation process alone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -249,11 +274,15 @@ class MemoryWatch:
             for pid in self._tree():
                 try:
                     rollup = (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines()
+                    command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
                 except OSError:
                     continue
                 for line in rollup:
                     if line.startswith("Rss:"):
                         rss += float(line.split()[1]) * 1024
+                        if b"flwr-simulation" in command:
+                            own = float(line.split()[1]) * 1024
+                            self.peak_simulation_rss = max(self.peak_simulation_rss, own)
                     elif line.startswith("Pss:"):
                         pss += float(line.split()[1]) * 1024
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -25,14 +26,17 @@ from fedpers.results import (
     write_failure,
     write_json,
 )
-from strategies import build_strategy, linkstate_index
+from strategies import build_strategy
 from strategies.rounds import EvaluateFn
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
-# In a simulation this process also holds Flower's LinkState: index it by node so the
-# dispatcher's sweeps cost nodes + messages, not nodes x messages (see the module).
-linkstate_index.install()
+if "flwr.server.superlink.linkstate.in_memory_linkstate" in sys.modules:
+    # A simulation: this process also holds Flower's LinkState. Index it by node so the
+    # dispatcher's sweeps cost nodes + messages, not nodes x messages.
+    from strategies import linkstate_index
+
+    linkstate_index.install()
 
 DISTANCE = "principal-angle-distance"
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear runs)

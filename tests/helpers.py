@@ -76,6 +76,7 @@ class InProcessGrid:
             for p in range(num_nodes)
         }
         self.sent: list[Message] = []
+        self.pending: dict[str, Message] = {}  # replies not pulled yet, by message id
 
     def node_of(self, partition: int) -> int:
         return 1000 + 7 * partition
@@ -83,13 +84,13 @@ class InProcessGrid:
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        replies = []
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Run the app on each message now; its reply waits for ``pull_messages``."""
+        ids = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.sent.append(message)
+            ids.append(message.metadata.message_id)
             node = message.metadata.dst_node_id
             reason = self.fail(node, message) if self.fail else None
             if reason == self.DROP:
@@ -101,8 +102,18 @@ class InProcessGrid:
                     reply = Message(Error(code=0, reason=repr(error)), reply_to=message)
             else:
                 reply = Message(Error(code=0, reason=reason), reply_to=message)
-            replies.append(reply)
-        return replies
+            self.pending[message.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        """The replies to ``message_ids`` that exist, each delivered once."""
+        return [self.pending.pop(i) for i in list(message_ids) if i in self.pending]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Flower's ``Grid.send_and_receive``, without waiting for dropped replies."""
+        return self.pull_messages(self.push_messages(messages))
 
 
 def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Any:

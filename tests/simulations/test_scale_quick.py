@@ -28,4 +28,6 @@ def test_scale_quick_writes_the_measurements(tmp_path: Path) -> None:
     assert sum(parts) == pytest.approx(measured["startup_seconds"])
     # The process tree holds at least the SuperLink, the simulation and two torch actors.
     assert 500 < measured["peak_pss_mb"] < 8192
+    # the simulation process (ServerApp, LinkState, node contexts) is part of the tree
+    assert 100 < measured["simulation_process_rss_mb"] < measured["peak_rss_mb"]
     assert "| 200 | 20 |" in (tmp_path / "table.md").read_text()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +26,7 @@ from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.superlink.federation import NoOpFederationManager
 
+from simulations.launch import PROJECT
 from simulations.linkstate_cost import RUN_ID, in_memory_run
 from strategies import linkstate_index
 
@@ -123,10 +126,25 @@ def test_sweep_delivers_each_message_once_in_store_order(indexed: None) -> None:
     assert all(not state.get_message_ins(n, limit=None) for n in nodes)
 
 
-def test_install_is_idempotent_and_the_server_app_installs_it() -> None:
-    import strategies.server_app  # noqa: F401  (installs on import)
-
-    assert hasattr(InMemoryLinkState, linkstate_index._ORIGINAL)
-    assert linkstate_index.install()
-    store = InMemoryLinkState.store_message_ins
-    assert not hasattr(store.__wrapped__, "__wrapped__")  # wrapped once, not twice
+@pytest.mark.parametrize("simulation", [True, False])
+def test_the_server_app_installs_it_where_a_linkstate_lives(simulation: bool) -> None:
+    """A simulation's process has imported Flower's in-memory LinkState before the
+    ServerApp: the index is installed, once. A deployed ServerApp's process has not:
+    nothing is installed, nor imported."""
+    script = (
+        ("import flwr.server.superlink.linkstate.in_memory_linkstate\n" if simulation else "")
+        + "import sys\n"
+        + "import strategies.server_app\n"
+        + "held = 'flwr.server.superlink.linkstate.in_memory_linkstate' in sys.modules\n"
+        + "if held:\n"
+        + "    from strategies import linkstate_index as x\n"
+        + "    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState\n"
+        + "    assert x.installed() and x.install()\n"
+        + "    assert not hasattr(InMemoryLinkState.store_message_ins.__wrapped__, '__wrapped__')\n"
+        + "print(held)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=PROJECT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(simulation)
