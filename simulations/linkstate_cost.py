@@ -16,7 +16,7 @@ the sweep delivered, which must be M.
 ``--states`` picks the LinkStates to time:
 
 - ``flower``: Flower's ``InMemoryLinkState`` as shipped, what a simulation uses;
-- ``indexed``: the same with fedpers' per-node index (``strategies.linkstate_index``,
+- ``indexed``: the same with fedpers' per-node index (``strategies.flower_patches``,
   installed by the ServerApp in a simulation), the upstream proposal this script
   reproduces the need for;
 - ``sqlite``: Flower's ``SqlLinkState`` on a file (``flower-superlink --database``),
@@ -47,7 +47,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
-from strategies import linkstate_index
+from strategies import flower_patches
 
 RUN_ID, TASK_ID = 7, 1
 STATES = ("flower", "indexed", "sqlite")
@@ -101,11 +101,11 @@ def sweep_seconds(
     factory = LinkStateFactory(
         database or FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
     )
-    was_installed = linkstate_index.installed()
+    was_installed = flower_patches.installed()
     if kind == "indexed":
-        linkstate_index.install()
+        flower_patches.install()
     else:
-        linkstate_index.uninstall()
+        flower_patches.uninstall()
     state = factory.state()
     run = sqlite_run(factory) if database else in_memory_run(factory)
     nodes = list(vce_api._register_nodes(num_nodes, factory))
@@ -125,9 +125,9 @@ def sweep_seconds(
         results.append((count, time.perf_counter() - start, delivered))
         state.delete_messages(set(ids))
     if was_installed:
-        linkstate_index.install()
+        flower_patches.install()
     else:
-        linkstate_index.uninstall()
+        flower_patches.uninstall()
     return results
 
 

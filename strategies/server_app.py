@@ -34,9 +34,9 @@ app = ServerApp()
 if "flwr.server.superlink.linkstate.in_memory_linkstate" in sys.modules:
     # A simulation: this process also holds Flower's LinkState. Index it by node so the
     # dispatcher's sweeps cost nodes + messages, not nodes x messages.
-    from strategies import linkstate_index
+    from strategies import flower_patches
 
-    linkstate_index.install()
+    flower_patches.install()
 
 DISTANCE = "principal-angle-distance"
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear runs)

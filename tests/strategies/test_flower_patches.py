@@ -1,10 +1,13 @@
-"""The per-node LinkState index answers exactly as Flower's full scan does.
+"""fedpers' changes inside Flower (``strategies.flower_patches``) answer as Flower does.
 
-Oracle: Flower's own ``InMemoryLinkState.get_message_ins``/``store_message_ins``, kept
-by ``linkstate_index`` when it installs, run on a twin state that receives the same
-operations. Random sequences of stores (to known and unknown nodes, with short and long
-lifetimes), asks (limits 1, 2 or none; run filter or not), deletions and clock jumps
-that expire messages.
+The per-node LinkState index. Oracle: Flower's own
+``InMemoryLinkState.get_message_ins``/``store_message_ins``, kept by ``flower_patches``
+when it installs, run on a twin state that receives the same operations. Random
+sequences of stores (to known and unknown nodes, with short and long lifetimes), asks
+(limits 1, 2 or none; run filter or not), deletions and clock jumps that expire
+messages.
+
+The run-config cache. Oracle: Flower's ``get_fused_config_from_dir`` reading the file.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,18 +32,18 @@ from flwr.superlink.federation import NoOpFederationManager
 
 from simulations.launch import PROJECT
 from simulations.linkstate_cost import RUN_ID, in_memory_run
-from strategies import linkstate_index
+from strategies import flower_patches
 
 
 @pytest.fixture
 def indexed() -> Iterator[None]:
-    was = linkstate_index.installed()
-    assert linkstate_index.install()
+    was = flower_patches.installed()
+    assert flower_patches.install()
     try:
         yield
     finally:
         if not was:
-            linkstate_index.uninstall()
+            flower_patches.uninstall()
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
         return dt.datetime.now(tz=dt.UTC) + dt.timedelta(seconds=shift["seconds"])
 
     monkeypatch.setattr(in_memory_linkstate, "now", now)
-    monkeypatch.setattr(linkstate_index, "now", now)
+    monkeypatch.setattr(flower_patches, "now", now)
     return shift
 
 
@@ -75,7 +79,7 @@ def test_indexed_state_answers_as_the_full_scan(
     indexed: None, clock: dict[str, float], seed: int
 ) -> None:
     rng = random.Random(seed)
-    original_get = getattr(InMemoryLinkState, linkstate_index._ORIGINAL)
+    original_get = getattr(InMemoryLinkState, flower_patches._ORIGINAL)
     original_store = InMemoryLinkState.store_message_ins.__wrapped__  # type: ignore[attr-defined]
     patched, nodes = _state(12)
     oracle, oracle_nodes = _state(12)
@@ -137,7 +141,7 @@ def test_the_server_app_installs_it_where_a_linkstate_lives(simulation: bool) ->
         + "import strategies.server_app\n"
         + "held = 'flwr.server.superlink.linkstate.in_memory_linkstate' in sys.modules\n"
         + "if held:\n"
-        + "    from strategies import linkstate_index as x\n"
+        + "    from strategies import flower_patches as x\n"
         + "    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState\n"
         + "    assert x.installed() and x.install()\n"
         + "    assert not hasattr(InMemoryLinkState.store_message_ins.__wrapped__, '__wrapped__')\n"
@@ -148,3 +152,26 @@ def test_the_server_app_installs_it_where_a_linkstate_lives(simulation: bool) ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(simulation)
+
+
+def test_cached_run_config_equals_flowers_and_follows_the_file(tmp_path: Path) -> None:
+    """Oracle: Flower's own ``get_fused_config_from_dir``, read afresh each call."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    cached = flower_patches._cached_config(get_fused_config_from_dir)
+    pyproject = tmp_path / "pyproject.toml"
+    text = (PROJECT / "pyproject.toml").read_text()
+    assert "\nseed = 0\n" in text
+    pyproject.write_text(text)
+    first = cached(tmp_path, {"lr": 0.5})
+    assert first == get_fused_config_from_dir(tmp_path, {"lr": 0.5})
+    assert (first["lr"], first["seed"]) == (0.5, 0)
+    first["lr"] = 99.0  # a caller changing its copy changes nobody else's
+    assert cached(tmp_path, {"lr": 0.5})["lr"] == 0.5
+    assert cached(tmp_path, {})["lr"] != 0.5  # other overrides, other entry
+    pyproject.write_text(text.replace("\nseed = 0\n", "\nseed = 12\n"))  # size changes
+    fresh = get_fused_config_from_dir(tmp_path, {})
+    assert cached(tmp_path, {}) == fresh
+    assert fresh["seed"] == 12
+    with pytest.raises(FileNotFoundError):  # no pyproject: Flower's own error
+        cached(tmp_path / "missing", {})

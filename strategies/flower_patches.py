@@ -1,16 +1,19 @@
-"""A per-node index for Flower 1.42's in-memory LinkState: the one change fedpers makes
-inside Flower, proposed upstream.
+"""The two changes fedpers makes inside Flower 1.42's simulation runtime, both proposed
+upstream, installed together by ``install()``: a per-node index for the in-memory
+LinkState, and a cache for the run config that every virtual node's context is built
+from.
 
-The problem (reproducer: ``python -m simulations.linkstate_cost``). The simulation
-runtime's dispatcher (``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``)
-asks, every 0.1 s, for the next message of *every* node:
-``state.get_message_ins(node_id, limit=1)``. ``InMemoryLinkState.get_message_ins``
-answers by scanning, and re-validating, every stored message. One sweep therefore costs
-nodes x stored messages: 1.4 s at 1,000 nodes and 1,000 messages, 41 s at 5,000 and
-5,000, during which the dispatcher holds the state's lock and the GIL of the process
-that also runs the ServerApp. Flower's SQL LinkState filters by node in its query, but
-the simulation process always builds an in-memory one
-(``flwr.simulation.run_simulation._main_loop``), so ``--database`` does not reach it.
+The LinkState index. The problem (reproducer: ``python -m simulations.linkstate_cost``).
+The simulation runtime's dispatcher
+(``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``) asks, every 0.1 s,
+for the next message of *every* node: ``state.get_message_ins(node_id, limit=1)``.
+``InMemoryLinkState.get_message_ins`` answers by scanning, and re-validating, every
+stored message. One sweep therefore costs nodes x stored messages: 1.0-1.4 s at 1,000
+nodes and 1,000 messages, 41 s at 5,000 and 5,000, during which the dispatcher holds
+the state's lock and the GIL of the process that also runs the ServerApp. Flower's SQL
+LinkState filters by node in its query, but the simulation process always builds an
+in-memory one (``flwr.simulation.run_simulation._main_loop``), so ``--database`` does
+not reach it.
 
 The change. ``store_message_ins`` also appends the new message's id to a list kept per
 destination node; ``get_message_ins(node_id, ...)`` walks that node's list only, with
@@ -20,8 +23,14 @@ leave the list). A sweep then costs nodes + messages. The upstream form of this 
 ``dst_node_id -> message ids`` dict maintained in ``store_message_ins`` and
 ``delete_messages``; here the index is kept beside the class, so it is installed by
 wrapping two methods, once per process, and only on the Flower version it was checked
-against (``tests/strategies/test_linkstate_index.py`` replays random operation sequences
+against (``tests/strategies/test_flower_patches.py`` replays random operation sequences
 against the unpatched class as the oracle).
+
+The run-config cache. Flower builds every virtual node's context by reading and parsing the
+app's pyproject.toml (``vce_api._register_node_info_stores`` ->
+``get_fused_config_from_dir``), 10,000 times for 10,000 nodes: about 4 s (py-spy),
+before Ray starts. ``install()`` also wraps that function so that it parses a file
+once per (path, modification time, size, overrides) and returns a copy.
 
 The ServerApp module calls ``install()`` when it is imported into a process that has
 imported Flower's in-memory LinkState: a simulation's process, which holds the
@@ -35,10 +44,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import flwr
 from flwr.app import Message
+from flwr.app.user_config import UserConfig
+from flwr.compat.client import run_info_store
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 from flwr.supercore.date import now
 
@@ -69,6 +81,9 @@ def install() -> bool:
     setattr(InMemoryLinkState, _ORIGINAL, InMemoryLinkState.get_message_ins)
     InMemoryLinkState.store_message_ins = _indexed_store(original_store)  # type: ignore[method-assign,assignment]
     InMemoryLinkState.get_message_ins = _indexed_get  # type: ignore[method-assign]
+    run_info_store.get_fused_config_from_dir = _cached_config(
+        run_info_store.get_fused_config_from_dir
+    )
     return True
 
 
@@ -86,6 +101,32 @@ def uninstall() -> None:
     InMemoryLinkState.store_message_ins = store.__wrapped__  # type: ignore[attr-defined,method-assign]
     InMemoryLinkState.get_message_ins = original_get  # type: ignore[method-assign]
     delattr(InMemoryLinkState, _ORIGINAL)
+    fused = run_info_store.get_fused_config_from_dir
+    run_info_store.get_fused_config_from_dir = fused.__wrapped__  # type: ignore[attr-defined]
+
+
+def _cached_config(original: Callable[[Path, UserConfig], UserConfig]) -> Any:
+    """``get_fused_config_from_dir`` that reads and parses a pyproject.toml once, not
+    once per virtual node (``vce_api._register_node_info_stores``): the same run config
+    for the same file (path, modification time and size) and overrides, as a copy."""
+    cache: dict[tuple[object, ...], UserConfig] = {}
+
+    @functools.wraps(original)
+    def get_fused_config_from_dir(project_dir: Path, override_config: UserConfig) -> UserConfig:
+        try:
+            pyproject = (Path(project_dir) / "pyproject.toml").resolve()
+            stat = pyproject.stat()
+            key = (str(pyproject), stat.st_mtime_ns, stat.st_size, *sorted(override_config.items()))
+            hash(key)
+        except (OSError, TypeError):  # no such file, unhashable overrides: Flower decides
+            return original(project_dir, override_config)
+        if key not in cache:
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = original(project_dir, override_config)
+        return dict(cache[key])
+
+    return get_fused_config_from_dir
 
 
 def _pending(state: InMemoryLinkState) -> dict[int, list[str]]:
