@@ -25,9 +25,10 @@ The driver (``flwr-simulation``) runs beside the head: Ray attaches a driver to 
 it finds in the process list, the head's first, and announces the driver at that
 node's address, which the other node must reach.
 
-Every process the cluster starts carries ``FEDPERS_RAY_CLUSTER=<id>`` in its
-environment; ``stop()`` ends those, and only those, by PID (``ray stop`` would end every
-Ray process on the machine), then deletes the veth pair and the namespace. Each node has
+Every process the cluster starts carries ``FEDPERS_RAY_CLUSTER=<id>`` or the node's own
+``RAY_TMPDIR`` in its environment; ``stop()`` ends those, and only those, by PID
+(``ray stop`` would end every Ray process on the machine), then deletes the veth pair
+and the namespace. Each node has
 its own ``RAY_TMPDIR``, so the ``ray_current_cluster`` file that ``ray start`` writes is
 never seen by other simulations (``ray.init()`` without an address would join it).
 """
@@ -218,8 +219,13 @@ class RayCluster:
         return counts
 
     def pids(self) -> list[int]:
-        """Every live process this cluster started."""
-        return processes_with_env(MARKER, self.id)
+        """Every live process this cluster started: those with its marker, and those
+        with one of its temp directories (Ray starts its dashboard and runtime-env agents
+        without the marker but with ``RAY_TMPDIR``)."""
+        found = set(processes_with_env(MARKER, self.id))
+        for directory in self.tmp.values():
+            found.update(processes_with_env("RAY_TMPDIR", str(directory)))
+        return sorted(found)
 
     def stop(self, grace: float = 10.0) -> None:
         """End every process of this cluster by PID (SIGTERM, then SIGKILL after
