@@ -567,10 +567,15 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                 "[tool.flwr.app.config] of pyproject.toml."
             )
         parsed = {name: s.parse(given[name]) for name, s in settings.items()}
-        core = {s.attribute for s in every.values() if s.group != ALGORITHM_GROUP}
-        declared = {s.key: parsed[s.attribute] for s in every.values() if s.attribute not in core}
+        declared = {
+            s.key: parsed[s.attribute] for s in every.values() if s.group == ALGORITHM_GROUP
+        }
         config = cls(
-            **{name: value for name, value in parsed.items() if name in core},
+            **{
+                s.attribute: parsed[s.attribute]
+                for s in every.values()
+                if s.group != ALGORITHM_GROUP
+            },
             algorithm_settings=declared,
         )
         config._validate()

@@ -342,9 +342,10 @@ def processes_with_home(home: Path) -> list[int]:
     return processes_with_env("FLWR_HOME", str(home))
 
 
-def processes_with_env(name: str, value: str) -> list[int]:
-    """PIDs of live processes (not this one) whose environment has ``name=value``."""
-    marker = f"{name}={value}".encode()
+def processes_with_env(name: str, value: str, *more: tuple[str, str]) -> list[int]:
+    """PIDs of live processes (not this one) whose environment has ``name=value``, or
+    any other of the ``(name, value)`` pairs in ``more``: one pass over /proc."""
+    markers = {f"{n}={v}".encode() for n, v in ((name, value), *more)}
     found = []
     for pid, state, _ in _processes():
         if pid == os.getpid() or state == "Z":
@@ -353,7 +354,7 @@ def processes_with_env(name: str, value: str) -> list[int]:
             environ = (Path("/proc") / str(pid) / "environ").read_bytes()
         except OSError:
             continue
-        if marker in environ.split(b"\0"):
+        if not markers.isdisjoint(environ.split(b"\0")):
             found.append(pid)
     return found
 

@@ -47,6 +47,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
+from fedpers import protocol
 from strategies import flower_patches
 
 RUN_ID, TASK_ID = 7, 1
@@ -101,33 +102,25 @@ def sweep_seconds(
     factory = LinkStateFactory(
         database or FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
     )
-    was_installed = flower_patches.installed()
-    if kind == "indexed":
-        flower_patches.install()
-    else:
-        flower_patches.uninstall()
-    state = factory.state()
-    run = sqlite_run(factory) if database else in_memory_run(factory)
-    nodes = list(vce_api._register_nodes(num_nodes, factory))
-    grid = InMemoryGrid(state_factory=factory)
-    grid.set_run(run)
-    results = []
-    for fraction in fractions:
-        count = round(fraction * num_nodes)
-        ids = grid.push_messages(
-            [
-                Message(content=RecordDict(), message_type="query.info", dst_node_id=n)
-                for n in nodes[:count]
-            ]
-        )
-        start = time.perf_counter()
-        delivered = sum(len(state.get_message_ins(node_id=n, limit=1)) for n in nodes)
-        results.append((count, time.perf_counter() - start, delivered))
-        state.delete_messages(set(ids))
-    if was_installed:
-        flower_patches.install()
-    else:
-        flower_patches.uninstall()
+    with flower_patches.installed_as(kind == "indexed"):
+        state = factory.state()
+        run = sqlite_run(factory) if database else in_memory_run(factory)
+        nodes = list(vce_api._register_nodes(num_nodes, factory))
+        grid = InMemoryGrid(state_factory=factory)
+        grid.set_run(run)
+        results = []
+        for fraction in fractions:
+            count = round(fraction * num_nodes)
+            ids = grid.push_messages(
+                [
+                    Message(content=RecordDict(), message_type=protocol.QUERY_INFO, dst_node_id=n)
+                    for n in nodes[:count]
+                ]
+            )
+            start = time.perf_counter()
+            delivered = sum(len(state.get_message_ins(node_id=n, limit=1)) for n in nodes)
+            results.append((count, time.perf_counter() - start, delivered))
+            state.delete_messages(set(ids))
     return results
 
 

@@ -222,10 +222,8 @@ class RayCluster:
         """Every live process this cluster started: those with its marker, and those
         with one of its temp directories (Ray starts its dashboard and runtime-env agents
         without the marker but with ``RAY_TMPDIR``)."""
-        found = set(processes_with_env(MARKER, self.id))
-        for directory in self.tmp.values():
-            found.update(processes_with_env("RAY_TMPDIR", str(directory)))
-        return sorted(found)
+        tmp = [("RAY_TMPDIR", str(directory)) for directory in self.tmp.values()]
+        return processes_with_env(MARKER, self.id, *tmp)
 
     def stop(self, grace: float = 10.0) -> None:
         """End every process of this cluster by PID (SIGTERM, then SIGKILL after

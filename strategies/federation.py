@@ -243,14 +243,14 @@ def send_and_collect(grid: Grid, messages: list[Message], timeout: float) -> lis
     """Flower's ``grid.send_and_receive``, with a pull interval that follows the pull's cost.
 
     Flower's in-memory grid pulls every 0.1 s, and each pull checks every outstanding
-    message id under the LinkState's lock: with 10,000 outstanding messages a pull takes
-    about 70 ms, so the ServerApp's thread held the lock and the GIL 40% of the time and
-    starved the threads that feed the ClientApps (measured with py-spy in a 10,000-node
-    simulation). The deployed grid waits a fixed 3 s between pulls, however few are
-    missing. Here the wait after a pull is ``(1 - PULL_SHARE) / PULL_SHARE`` times what
-    it took, at least ``PULL_INTERVAL``: pulling costs at most ``PULL_SHARE`` of the
-    time, and a reply is seen at most one interval after it arrives. Same results as
-    ``send_and_receive``: every reply that arrives before ``timeout`` seconds.
+    message id under the LinkState's lock: in a 10,000-node simulation py-spy found the
+    ServerApp's thread busy 38% of the time (about 60 ms a pull between 0.1 s sleeps),
+    holding the lock and the GIL that the threads feeding the ClientApps need. The
+    deployed grid waits a fixed 3 s between pulls, however few are missing. Here the
+    wait after a pull is ``(1 - PULL_SHARE) / PULL_SHARE`` times what it took, at least
+    ``PULL_INTERVAL``: pulling costs at most ``PULL_SHARE`` of the time, and a reply is
+    seen at most one interval after it arrives. Same results as ``send_and_receive``:
+    every reply that arrives before ``timeout`` seconds.
     """
     outstanding = set(grid.push_messages(messages))
     replies: list[Message] = []

@@ -41,9 +41,10 @@ this module (0.5 s of imports for nothing).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,8 @@ _ORIGINAL = "_fedpers_original_get_message_ins"
 
 
 def install() -> bool:
-    """Index ``InMemoryLinkState`` by destination node; True if installed (or already).
+    """Index ``InMemoryLinkState`` by destination node and cache the nodes' run config;
+    True if installed (or already).
 
     A Flower version other than ``CHECKED_VERSIONS`` is left as it is, with a warning:
     the change is only correct against the code it was checked on.
@@ -71,8 +73,9 @@ def install() -> bool:
         return True
     if not flwr.__version__.startswith(CHECKED_VERSIONS):
         logger.warning(
-            "flwr %s: the per-node LinkState index was checked against %s only and is "
-            "not installed; large simulations dispatch messages in nodes x messages time",
+            "flwr %s: fedpers' changes to Flower's simulation runtime were checked against "
+            "%s only and are not installed; large simulations dispatch messages in nodes x "
+            "messages time",
             flwr.__version__,
             ", ".join(f"{v}x" for v in CHECKED_VERSIONS),
         )
@@ -85,6 +88,24 @@ def install() -> bool:
         run_info_store.get_fused_config_from_dir
     )
     return True
+
+
+@contextlib.contextmanager
+def installed_as(enabled: bool) -> Iterator[None]:
+    """Within the block, the changes are installed (``enabled``) or not; afterwards as
+    before (benchmarks and tests compare the two)."""
+    was = installed()
+    if enabled:
+        install()
+    else:
+        uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            install()
+        else:
+            uninstall()
 
 
 def installed() -> bool:
@@ -181,8 +202,6 @@ def _indexed_get(
             message: Any = self.message_ins_store.get(message_id)
             if message is None or message.metadata.delivered_at != "":
                 continue  # deleted, expired or delivered: leaves the index
-            if message.metadata.dst_node_id != node_id:
-                continue
             if run_id is not None and message.metadata.run_id != run_id:
                 keep.append(message_id)
                 continue

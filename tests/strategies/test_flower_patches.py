@@ -37,13 +37,8 @@ from strategies import flower_patches
 
 @pytest.fixture
 def indexed() -> Iterator[None]:
-    was = flower_patches.installed()
-    assert flower_patches.install()
-    try:
+    with flower_patches.installed_as(True):
         yield
-    finally:
-        if not was:
-            flower_patches.uninstall()
 
 
 @pytest.fixture
