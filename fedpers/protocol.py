@@ -168,6 +168,7 @@ class FinetunedTest:
     """Test accuracy after every client fine-tuned its head (FedAvg+FT, FedBABU)."""
 
     accuracy: float
+    clients: dict[str, float] = field(default_factory=dict)  # accuracy per partition
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ class UnseenTest:
     """Test accuracy of the unseen clients after they adapted (FedGMM's Table 4)."""
 
     accuracy: float
+    clients: dict[str, float] = field(default_factory=dict)  # accuracy per partition
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 Every run writes ``<results-dir>/<run-name>/``:
 - ``config.json``: the resolved run configuration, written before round 1;
 - ``rounds.jsonl``: one JSON object per round, appended and flushed as the round ends
-  (round, wall seconds, aggregated train / evaluate / server metrics, reply counts);
+  (round, wall seconds, aggregated train / evaluate / server metrics, reply counts,
+  the training messages' bytes as ``server.bytes-sent`` / ``server.bytes-received`` and
+  the evaluation messages' as ``server.evaluate-bytes``);
+- ``clients.jsonl``: one JSON object per evaluated round, each evaluated client's own
+  metrics by partition (``{"round": 5, "clients": {"0": {"accuracy": ...}, ...}}``);
 - ``summary.json``: final metrics, written atomically when the run ends;
 - PNG plots of the per-round metrics;
 - ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
@@ -29,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 ROUNDS_FILE = "rounds.jsonl"
+CLIENTS_FILE = "clients.jsonl"
 SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.json"
 RUN_FILE = "run.json"
@@ -43,7 +48,9 @@ class RoundRecord:
     that were aggregated and ``failures`` the others, each with its reason in
     ``rejections`` (client error, no reply in time, non-finite values, wrong shape or
     dtype); ``evaluated`` counts the nodes whose evaluation was aggregated;
-    ``train_seconds`` and ``evaluate_seconds`` split the round's wall time.
+    ``train_seconds`` and ``evaluate_seconds`` split the round's wall time;
+    ``clients`` holds each evaluated client's metrics by partition (written to
+    ``clients.jsonl``, not to ``rounds.jsonl``).
     """
 
     round: int
@@ -58,6 +65,13 @@ class RoundRecord:
     rejections: list[str] = field(default_factory=list)
     train_seconds: float = 0.0
     evaluate_seconds: float = 0.0
+    clients: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def without_clients(self) -> dict[str, Any]:
+        """The record as written to ``rounds.jsonl``."""
+        row = asdict(self)
+        del row["clients"]
+        return row
 
 
 class ResultsExistError(FileExistsError):
@@ -137,8 +151,11 @@ class RunRecorder:
                 "the interrupted run's config.json"
             )
         kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
-        lines = [json.dumps(_finite_or_null(asdict(r)), allow_nan=False) + "\n" for r in kept]
+        lines = [_json_line(r.without_clients()) for r in kept]
         _write_text_atomic(self.directory / ROUNDS_FILE, "".join(lines))
+        if (self.directory / CLIENTS_FILE).exists():
+            rows = [row for row in read_clients(self.directory) if row["round"] <= resume_after]
+            _write_text_atomic(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
         self.records = kept
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
         run = self.directory / RUN_FILE
@@ -161,8 +178,11 @@ class RunRecorder:
     def record(self, record: RoundRecord) -> None:
         """Append a round to ``rounds.jsonl`` and log its progress line."""
         self.records.append(record)
+        if record.clients:
+            with (self.directory / CLIENTS_FILE).open("a") as handle:
+                handle.write(_json_line({"round": record.round, "clients": record.clients}))
         with (self.directory / ROUNDS_FILE).open("a") as handle:
-            handle.write(json.dumps(_finite_or_null(asdict(record)), allow_nan=False) + "\n")
+            handle.write(_json_line(record.without_clients()))
             handle.flush()
         logger.info(self.progress_line(record))
 
@@ -173,13 +193,24 @@ class RunRecorder:
         # Round 1 carries the start-up of the simulation: estimate from the others.
         steady = [r.seconds for r in self.records[1:]] or [r.seconds for r in self.records]
         eta = (self.total_rounds - record.round) * (sum(steady) / len(steady))
-        value = metric_value(record, self.progress_metric)
         shown = self.progress_metric.split(".", 1)[-1]
+        # A round that was not evaluated (evaluate-every > 1) shows the last value.
+        reported = [
+            (r.round, v)
+            for r in self.records
+            if not math.isnan(v := metric_value(r, self.progress_metric))
+        ]
+        if not reported:
+            value = f"{shown} not evaluated yet"
+        elif reported[-1][0] == record.round:
+            value = f"{shown} {reported[-1][1]:.4g}"
+        else:
+            value = f"{shown} {reported[-1][1]:.4g} (round {reported[-1][0]})"
         failures = f" | failures {record.failures}" if record.failures else ""
         return (
             f"{self.name} | round {record.round}/{self.total_rounds} | elapsed "
             f"{_clock(elapsed)} | ETA {_clock(eta if done else math.nan)} | "
-            f"{shown} {value:.4g}{failures}"
+            f"{value}{failures}"
         )
 
     def finish(self, summary: Mapping[str, Any], plots: Iterable[str] = ()) -> dict[str, Any]:
@@ -237,6 +268,40 @@ def read_rounds(directory: Path) -> list[RoundRecord]:
                 ) from error
             logger.warning("%s: dropped a half-written last line", directory / ROUNDS_FILE)
     return records
+
+
+def read_clients(directory: Path) -> list[dict[str, Any]]:
+    """The per-client rows of a run (``clients.jsonl``; empty if it has none): one
+    ``{"round": r, "clients": {partition: {metric: value}}}`` per evaluated round. A last
+    line cut short is dropped, as in ``read_rounds``."""
+    path = directory / CLIENTS_FILE
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            rows.append({"round": int(row["round"]), "clients": dict(row["clients"])})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            if number < len(lines):
+                raise ValueError(
+                    f"{path}, line {number}, is not a per-client row ({error})"
+                ) from error
+            logger.warning("%s: dropped a half-written last line", path)
+    return rows
+
+
+def final_client_metric(directory: Path, metric: str = "accuracy") -> dict[str, float]:
+    """Each client's ``metric`` in the last round that evaluated clients."""
+    rows = read_clients(directory)
+    if not rows:
+        return {}
+    return {
+        partition: float(values[metric])
+        for partition, values in rows[-1]["clients"].items()
+        if values.get(metric) is not None
+    }
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -322,6 +387,10 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     text = json.dumps(_finite_or_null(payload), indent=2, sort_keys=True, allow_nan=False)
     tmp.write_text(text + "\n")
     os.replace(tmp, path)
+
+
+def _json_line(payload: Mapping[str, Any]) -> str:
+    return json.dumps(_finite_or_null(dict(payload)), allow_nan=False) + "\n"
 
 
 def _finite_or_null(value: Any) -> Any:

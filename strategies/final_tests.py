@@ -17,6 +17,7 @@ from flwr.serverapp import Grid
 
 from fedpers import protocol
 from fedpers.protocol import FinetunedTest, UnseenTest
+from strategies.rounds import per_client
 
 if TYPE_CHECKING:
     from strategies.base import FedpersStrategy
@@ -34,8 +35,8 @@ def finetuned(
     config = ConfigRecord(dict(config))
     config[protocol.FINETUNE_EPOCHS] = strategy.run.finetune_epochs
     contents = strategy.evaluate_contents(server_round, arrays, config)
-    accuracy = _accuracy(strategy, grid, contents, server_round, timeout)
-    return None if accuracy is None else FinetunedTest(accuracy)
+    accuracy, clients = _accuracy(strategy, grid, contents, server_round, timeout)
+    return None if accuracy is None else FinetunedTest(accuracy, clients)
 
 
 def unseen(
@@ -53,8 +54,8 @@ def unseen(
     config[protocol.ADAPT_FRACTION] = strategy.run.adapt_fraction
     content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
     contents = dict.fromkeys(strategy.unseen, content)
-    accuracy = _accuracy(strategy, grid, contents, server_round, timeout)
-    return None if accuracy is None else UnseenTest(accuracy)
+    accuracy, clients = _accuracy(strategy, grid, contents, server_round, timeout)
+    return None if accuracy is None else UnseenTest(accuracy, clients)
 
 
 def _accuracy(
@@ -63,8 +64,16 @@ def _accuracy(
     contents: dict[int, RecordDict],
     server_round: int,
     timeout: float,
-) -> float | None:
-    """The test-weighted accuracy of the clients that received ``contents``."""
+) -> tuple[float | None, dict[str, float]]:
+    """The test-weighted accuracy of the clients that received ``contents``, and each
+    one's own accuracy by partition."""
     exchange = strategy.federation.exchange(grid, MessageType.EVALUATE, contents, timeout=timeout)
     metrics = strategy.aggregate_evaluate(server_round, exchange.replies.values())
-    return None if metrics is None else float(metrics[protocol.ACCURACY])  # type: ignore[arg-type]
+    clients = {
+        partition: values[protocol.ACCURACY]
+        for partition, values in per_client(exchange.replies).items()
+        if protocol.ACCURACY in values
+    }
+    if metrics is None:
+        return None, clients
+    return float(metrics[protocol.ACCURACY]), clients  # type: ignore[arg-type]

@@ -11,15 +11,17 @@ the run after it is recorded. The algorithm's part is in the strategy's hooks
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from fedpers import protocol
 from fedpers.results import RoundRecord
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ def run_rounds(
             server_round, arrays, ConfigRecord(dict(train_config)), grid
         )
         exchange = federation.exchange(grid, MessageType.TRAIN, contents, timeout=timeout)
+        traffic = Traffic()
+        traffic.add(contents, exchange.replies)
         for partition in sorted(set(exchange.failures) - set(exchange.replies)):
             strategy.reject(server_round, partition, exchange.failures[partition])
         replies = list(exchange.replies.values())
@@ -86,6 +90,7 @@ def run_rounds(
             result.train_metrics_clientapp[server_round] = train_metrics
         trained = time.monotonic()
         evaluate_metrics, evaluated = None, 0
+        evaluated_clients: dict[str, dict[str, float]] = {}
         if strategy.evaluates(server_round, num_rounds):
             to_evaluate = strategy.evaluate_contents(
                 server_round, arrays, ConfigRecord(dict(evaluate_config))
@@ -97,6 +102,8 @@ def run_rounds(
                 evaluate_replies = list(evaluation.replies.values())
                 evaluated = sum(not r.has_error() for r in evaluate_replies)
                 evaluate_metrics = strategy.aggregate_evaluate(server_round, evaluate_replies)
+                evaluated_clients = per_client(evaluation.replies)
+                traffic.add(to_evaluate, evaluation.replies, evaluate=True)
         if evaluate_metrics is not None:
             result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
         server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn else None
@@ -109,7 +116,12 @@ def run_rounds(
             seconds=time.monotonic() - started,
             train=_plain(train_metrics),
             evaluate=_plain(evaluate_metrics),
-            server={**_plain(server_metrics), **strategy.round_metrics(server_round), **checked},
+            server={
+                **_plain(server_metrics),
+                **strategy.round_metrics(server_round),
+                **checked,
+                **traffic.metrics(),
+            },
             sampled=len(contents),
             replies=accepted,
             failures=len(contents) - accepted,
@@ -117,6 +129,7 @@ def run_rounds(
             rejections=list(strategy.rejections.get(server_round, [])),
             train_seconds=trained - started,
             evaluate_seconds=time.monotonic() - trained,
+            clients=evaluated_clients,
         )
         if on_round is not None:
             on_round(record)
@@ -143,6 +156,78 @@ def well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:
     ]:
         return False
     return all(bool(np.all(np.isfinite(a.numpy()))) for a in state.values())
+
+
+# The round's communication, counted from its messages: training messages (the
+# algorithm's cost), server -> nodes and the replies back; evaluation messages (the
+# cost of measuring, both ways) apart.
+BYTES_SENT = "bytes-sent"
+BYTES_RECEIVED = "bytes-received"
+EVALUATE_BYTES = "evaluate-bytes"
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Bytes of a message's content as Flower counts them (every array, config and
+    metric record: values and keys), without the message's envelope."""
+    return sum(
+        record.count_bytes()
+        for records in (content.array_records, content.config_records, content.metric_records)
+        for record in records.values()
+    )
+
+
+class Traffic:
+    """Bytes of one round's training and evaluation exchanges, counted from the
+    messages (contents sent, and the replies that came back: error replies carry no
+    content)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.evaluate = 0
+
+    def add(
+        self,
+        contents: Mapping[int, RecordDict],
+        replies: Mapping[int, Message],
+        *,
+        evaluate: bool = False,
+    ) -> None:
+        sent = sum(record_bytes(content) for content in contents.values())
+        received = sum(
+            record_bytes(reply.content) for reply in replies.values() if not reply.has_error()
+        )
+        if evaluate:
+            self.evaluate += sent + received
+        else:
+            self.sent += sent
+            self.received += received
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            BYTES_SENT: float(self.sent),
+            BYTES_RECEIVED: float(self.received),
+            EVALUATE_BYTES: float(self.evaluate),
+        }
+
+
+def per_client(replies: Mapping[int, Message]) -> dict[str, dict[str, float]]:
+    """Each evaluated partition's own metrics (``{"17": {"accuracy": ...}}``)."""
+    clients: dict[str, dict[str, float]] = {}
+    for partition, reply in sorted(replies.items()):
+        if reply.has_error():
+            continue
+        metrics = reply.content.metric_records.get(protocol.METRICS)
+        if metrics is None:
+            continue
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if all(math.isfinite(v) for v in values.values()):
+            clients[str(partition)] = values
+    return clients
 
 
 def _aggregated(

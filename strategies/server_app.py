@@ -27,7 +27,7 @@ from fedpers.results import (
     write_json,
 )
 from strategies import build_strategy
-from strategies.rounds import EvaluateFn
+from strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES, EvaluateFn
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
@@ -128,11 +128,18 @@ def main(grid: Grid, context: Context) -> None:
         summary = _sheaf_summary(config, recorder.records, final)
     else:
         before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
-        summary = {"final_accuracy": before}
+        last = _last_client_accuracy(recorder.records)
+        summary = {"final_accuracy": before, "client_accuracy": last}
         if isinstance(final, FinetunedTest):
-            summary = {"final_accuracy": final.accuracy, "final_accuracy_before_finetune": before}
+            summary = {
+                "final_accuracy": final.accuracy,
+                "final_accuracy_before_finetune": before,
+                "client_accuracy": final.clients,
+                "client_accuracy_before_finetune": last,
+            }
         elif isinstance(final, UnseenTest):
             summary["unseen_accuracy"] = final.accuracy
+            summary["unseen_client_accuracy"] = final.clients
         mixture = [r.train.get(protocol.LOG_LIKELIHOOD) for r in recorder.records]
         if any(v is not None for v in mixture):
             summary["train_log_likelihood"] = [v for v in mixture if v is not None]
@@ -147,6 +154,14 @@ def main(grid: Grid, context: Context) -> None:
         "rounds_started": rounds_started,
     }
     summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
+    sent = sum(r.server.get(BYTES_SENT, 0.0) for r in recorder.records)
+    received = sum(r.server.get(BYTES_RECEIVED, 0.0) for r in recorder.records)
+    summary["bytes_sent"] = sent
+    summary["bytes_received"] = received
+    summary["megabytes_total"] = (sent + received) / 1e6  # training messages, both ways
+    summary["evaluate_megabytes"] = (
+        sum(r.server.get(EVALUATE_BYTES, 0.0) for r in recorder.records) / 1e6
+    )
     written = recorder.finish(summary, plots=[progress])
     logger.info("summary: %s", written)
 
@@ -170,6 +185,16 @@ def _sheaf_summary(
         "edges": [list(e) for e in config.sheaf_graph()],
         "latent_dims": [s.latent for s in config.agent_specs()],
     }
+
+
+def _last_client_accuracy(records: list[RoundRecord]) -> dict[str, float]:
+    """Each client's accuracy in the last round that evaluated clients."""
+    for record in reversed(records):
+        if record.clients:
+            return {
+                p: v[protocol.ACCURACY] for p, v in record.clients.items() if protocol.ACCURACY in v
+            }
+    return {}
 
 
 def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None:
