@@ -1,6 +1,6 @@
 """FedGMM's Table 3 analogue: out-of-distribution detection on the digits.
 
-    python -m simulations.fedgmm_ood --out DIR [--quick] [--clients 50] [--rounds 100]
+    python -m simulations.fedgmm_ood --out DIR [--quick] [--seeds 3] [--num-clients 50]
 
 FedGMM, FedEM and FedAvg train through Flower on untransformed digits (50 clients,
 labels split with Dir(0.4), per-client 60/20/20 splits, FedGMM's Gaussians on a pooled
@@ -20,8 +20,9 @@ Reported with in-distribution as the positive class: AUROC, average precision an
 maximum F1 over thresholds (scikit-learn). Flipped digits are reported but many digits
 are nearly mirror-symmetric, so every method sits low there.
 
-Writes DIR/summary.json ``{"auroc": {TRANSFORM: {METHOD: v}}, "ap": {...},
-"max_f1": {...}}``, DIR/table.md, DIR/scores.png and the runs under DIR/runs/.
+Writes DIR/summary.json ``{"auroc": {TRANSFORM: {METHOD: mean over seeds}}, "ap": {...},
+"max_f1": {...}}``, each with ``_std``, ``_ci95`` and ``_per_seed``, DIR/table.md,
+DIR/scores.png (first seed) and the runs under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -39,85 +40,116 @@ from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.results import read_config
 from simulations.common import (
-    config_help,
+    add_key_flags,
+    add_statistics,
     markdown_table,
     output_parser,
-    parallelism,
-    prepare_output,
-    validate_runs,
+    run_methods,
+    seeds_note,
+    seeds_of,
+    settings,
+    with_spread,
     write_summary,
 )
-from simulations.launch import LocalSimulation
 
 TRANSFORMS = ("rot90", "invert", "flip")
 SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg")
 TRAINED = ("fedgmm", "fedem", "fedavg")
 
 
+SETTINGS: dict[str, Any] = {
+    "dataset": "digits",
+    "num-clients": 50,
+    "num-rounds": 100,
+    "fraction-train": 0.3,
+    "partitioner": "dirichlet",
+    "dirichlet-alpha": 0.4,
+    "test-split": "per-client",
+    "gmm-embedding": "pca",
+    "gmm-embedding-dim": 16,
+    "lr": 0.05,
+    "momentum": 0.5,
+    "batch-size": 10,
+    "epochs": 5,
+}
+QUICK = {"num-clients": 20, "num-rounds": 15}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train the three methods, score in- and out-of-distribution samples."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--clients", type=int, default=50, help=config_help("num-clients", script=True)
+    add_key_flags(
+        parser,
+        ["num-clients", "num-rounds", "gmm-embedding-dim"],
+        SETTINGS,
+        aliases={
+            "num-clients": "clients",
+            "num-rounds": "rounds",
+            "gmm-embedding-dim": "embedding-dim",
+        },
     )
-    parser.add_argument(
-        "--rounds", type=int, default=100, help=config_help("num-rounds", script=True)
-    )
-    parser.add_argument(
-        "--embedding-dim", type=int, default=16, help=config_help("gmm-embedding-dim", script=True)
-    )
-    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     args = parser.parse_args(argv)
-    if args.quick:
-        args.clients, args.rounds = 20, 15
-    settings = {
-        "dataset": "digits",
-        "num-clients": args.clients,
-        "num-rounds": args.rounds,
-        "fraction-train": 0.3,
-        "partitioner": "dirichlet",
-        "dirichlet-alpha": 0.4,
-        "test-split": "per-client",
-        "gmm-embedding": "pca",
-        "gmm-embedding-dim": args.embedding_dim,
-        "lr": 0.05,
-        "momentum": 0.5,
-        "batch-size": 10,
-        "epochs": 5,
-        "seed": args.seed,
-        "results-dir": str(args.out.expanduser().resolve() / "runs"),
+    seeds = seeds_of(args)
+    values = settings(args, SETTINGS, QUICK)
+    directories = run_methods(args, values, TRAINED, seeds)
+    out = args.out.expanduser().resolve()
+    per_seed: dict[str, Any] = {
+        metric: {t: {m: [] for m in SCORES} for t in TRANSFORMS}
+        for metric in ("auroc", "ap", "max_f1")
     }
-    runs = [{**settings, "algorithm": m, "run-name": m} for m in TRAINED]
-    validate_runs(runs)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = dict(
-            zip(TRAINED, simulation.run_all(runs, parallel=parallelism(args)), strict=True)
-        )
-    scores = {t: score_all(directories, transform=t) for t in TRANSFORMS}
-    result: dict[str, Any] = {"auroc": {}, "ap": {}, "max_f1": {}}
-    for transform, (inside, outside) in scores.items():
-        for metric in result:
-            result[metric][transform] = {}
-        for method in SCORES:
-            values = np.concatenate([inside[method], outside[method]])
-            labels = np.concatenate([np.ones(len(inside[method])), np.zeros(len(outside[method]))])
-            result["auroc"][transform][method] = float(roc_auc_score(labels, values))
-            result["ap"][transform][method] = float(average_precision_score(labels, values))
-            precision, recall, _ = precision_recall_curve(labels, values)
-            f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
-            result["max_f1"][transform][method] = float(f1.max())
-    result["samples"] = {t: len(inside["fedavg"]) for t, (inside, _) in scores.items()}
-    result["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
+    samples: dict[str, int] = {}
+    first: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+    for seed in seeds:
+        runs = {m: directories[(m, seed)] for m in TRAINED}
+        scores = {t: score_all(runs, transform=t) for t in TRANSFORMS}
+        if seed == seeds[0]:
+            first = scores
+        for transform, (inside, outside) in scores.items():
+            samples[transform] = len(inside["fedavg"])
+            for method in SCORES:
+                for metric, value in detection_metrics(inside[method], outside[method]).items():
+                    per_seed[metric][transform][method].append(value)
+    result: dict[str, Any] = {"seeds": seeds}
+    for metric, tree in per_seed.items():
+        add_statistics(result, metric, tree)
+    result["samples"] = samples
+    result["settings"] = values
     write_summary(out, result)
     tables = []
     for metric in ("auroc", "ap", "max_f1"):
-        rows = [(m, *[result[metric][t][m] for t in TRANSFORMS]) for m in SCORES]
+        rows = [
+            (
+                m,
+                *[
+                    with_spread(
+                        result[metric][t][m], result[f"{metric}_std"][t][m], scale=1, digits=3
+                    )
+                    for t in TRANSFORMS
+                ],
+            )
+            for m in SCORES
+        ]
         tables.append(f"## {metric}\n\n" + markdown_table(["score", *TRANSFORMS], rows))
-    (out / "table.md").write_text("# OOD detection on digits\n\n" + "\n".join(tables))
-    _plot(out / "scores.png", scores)
+    (out / "table.md").write_text(
+        f"# OOD detection on digits\n\n{seeds_note(seeds)}\n\n" + "\n".join(tables)
+    )
+    _plot(out / "scores.png", first)
     print("\n" + "\n".join(tables) + f"\nresults: {out}")
     return result
+
+
+def detection_metrics(inside: np.ndarray, outside: np.ndarray) -> dict[str, float]:
+    """AUROC, average precision and the best F1 over thresholds, in-distribution the
+    positive class (scikit-learn)."""
+    values = np.concatenate([inside, outside])
+    labels = np.concatenate([np.ones(len(inside)), np.zeros(len(outside))])
+    precision, recall, _ = precision_recall_curve(labels, values)
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    return {
+        "auroc": float(roc_auc_score(labels, values)),
+        "ap": float(average_precision_score(labels, values)),
+        "max_f1": float(f1.max()),
+    }
 
 
 def score_all(

@@ -1,6 +1,6 @@
 """FedGMM's Table 2, synthetic column: FedGMM, FedEM, FedAvg and Local, through Flower.
 
-    python -m simulations.fedgmm_synthetic --out DIR [--quick] [--clients 300] ...
+    python -m simulations.fedgmm_synthetic --out DIR [--quick] [--seeds 3] [--num-clients 300] ...
 
 Clients draw their data from a mixture of M Gaussian components in d dimensions, each
 with its own linear labelling function, with personal weights pi_c ~ Dir(alpha)
@@ -17,8 +17,9 @@ minutes on 2 cores (``--samples-per-client 3000`` runs the paper's size). The le
 rate is 0.5 with 2 local epochs: the means have norm ~3.3 against within-component
 noise of 1, and at the paper's lr 0.01-0.03 nothing separates in 100 rounds.
 
-Writes DIR/summary.json ``{"final_accuracy": {METHOD: value}, ...}``, DIR/table.md,
-DIR/accuracy.png, and every run's results under DIR/runs/.
+Writes DIR/summary.json ``{"final_accuracy": {METHOD: mean over seeds}, ...}`` with the
+spread over seeds and clients (``simulations.common.method_summary``), DIR/table.md,
+DIR/accuracy.png, DIR/clients.png, and every run's results under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -27,149 +28,104 @@ import sys
 import time
 from typing import Any
 
-from fedpers.results import plot_rounds, read_rounds, read_summary
+from fedpers.results import read_rounds, read_summary
 from simulations.common import (
-    config_help,
-    markdown_table,
+    add_key_flags,
+    method_summary,
+    method_table,
     output_parser,
-    parallelism,
-    prepare_output,
-    validate_runs,
+    plot_client_cdf,
+    plot_seeded,
+    run_methods,
+    seeds_note,
+    seeds_of,
+    settings,
     write_summary,
 )
-from simulations.launch import LocalSimulation
 
 METHODS = ("fedgmm", "fedem", "fedavg", "local")
+
+# The experiment (module docstring); flags and --run-config change any key.
+SETTINGS: dict[str, Any] = {
+    "dataset": "mixture",
+    "num-clients": 300,
+    "samples-per-client": 300,
+    "num-rounds": 100,
+    "fraction-train": 0.3,
+    "mixture-dim": 32,
+    "mixture-components": 3,
+    "mixture-alpha": 0.4,
+    "mixture-covariance": "identity",
+    "mixture-labels": "difference",
+    "mixture-sizes": "fixed",
+    "mixture-learners": 3,
+    "gmm-components": 3,
+    "gmm-aggregation": "exact",
+    "lr": 0.5,
+    "momentum": 0.0,
+    "weight-decay": 0.0,
+    "batch-size": 128,
+    "epochs": 2,
+    "evaluate-every": 5,
+    "final-rounds": 10,
+}
+QUICK = {"num-clients": 30, "num-rounds": 40, "samples-per-client": 300, "fraction-train": 0.5}
+FLAGS = {
+    "num-clients": "clients",
+    "samples-per-client": "",
+    "num-rounds": "rounds",
+    "fraction-train": "fraction",
+    "mixture-dim": "dim",
+    "mixture-components": "components",
+    "mixture-alpha": "alpha",
+    "mixture-covariance": "covariance",
+    "mixture-labels": "labels",
+    "mixture-sizes": "sizes",
+    "mixture-learners": "learners",
+    "gmm-components": "",
+    "gmm-aggregation": "aggregation",
+    "lr": "",
+    "epochs": "",
+    "evaluate-every": "",
+}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the four methods on the synthetic mixtures; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--clients", type=int, default=300, help=config_help("num-clients", script=True)
-    )
-    parser.add_argument(
-        "--samples-per-client",
-        type=int,
-        default=300,
-        help=config_help("samples-per-client", script=True),
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=100, help=config_help("num-rounds", script=True)
-    )
-    parser.add_argument(
-        "--fraction", type=float, default=0.3, help=config_help("fraction-train", script=True)
-    )
-    parser.add_argument("--dim", type=int, default=32, help=config_help("mixture-dim", script=True))
-    parser.add_argument(
-        "--components", type=int, default=3, help=config_help("mixture-components", script=True)
-    )
-    parser.add_argument(
-        "--alpha", type=float, default=0.4, help=config_help("mixture-alpha", script=True)
-    )
-    parser.add_argument(
-        "--covariance",
-        choices=["identity", "official"],
-        default="identity",
-        help=config_help("mixture-covariance", script=True),
-    )
-    parser.add_argument(
-        "--labels",
-        choices=["difference", "random"],
-        default="difference",
-        help=config_help("mixture-labels", script=True),
-    )
-    parser.add_argument(
-        "--sizes",
-        choices=["fixed", "lognormal"],
-        default="fixed",
-        help=config_help("mixture-sizes", script=True),
-    )
-    parser.add_argument(
-        "--learners", type=int, default=3, help=config_help("mixture-learners", script=True)
-    )
-    parser.add_argument(
-        "--gmm-components", type=int, default=3, help=config_help("gmm-components", script=True)
-    )
-    parser.add_argument(
-        "--aggregation",
-        choices=["exact", "average"],
-        default="exact",
-        help=config_help("gmm-aggregation", script=True),
-    )
-    parser.add_argument("--lr", type=float, default=0.5, help=config_help("lr", script=True))
-    parser.add_argument("--epochs", type=int, default=2, help=config_help("epochs", script=True))
-    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
-    parser.add_argument(
-        "--evaluate-every", type=int, default=5, help="also always the last 10 rounds"
-    )
+    add_key_flags(parser, list(FLAGS), SETTINGS, aliases={k: v for k, v in FLAGS.items() if v})
     parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if unknown := sorted(set(methods) - set(METHODS)):
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    if args.quick:
-        args.clients, args.rounds, args.samples_per_client, args.fraction = 30, 40, 300, 0.5
-    settings = {
-        "dataset": "mixture",
-        "num-clients": args.clients,
-        "samples-per-client": args.samples_per_client,
-        "num-rounds": args.rounds,
-        "fraction-train": args.fraction,
-        "mixture-dim": args.dim,
-        "mixture-components": args.components,
-        "mixture-alpha": args.alpha,
-        "mixture-covariance": args.covariance,
-        "mixture-labels": args.labels,
-        "mixture-sizes": args.sizes,
-        "mixture-learners": args.learners,
-        "gmm-components": args.gmm_components,
-        "gmm-aggregation": args.aggregation,
-        "lr": args.lr,
-        "momentum": 0.0,
-        "weight-decay": 0.0,
-        "batch-size": 128,
-        "epochs": args.epochs,
-        "seed": args.seed,
-        "evaluate-every": args.evaluate_every,
-        "final-rounds": 10,
-        "results-dir": str(args.out.expanduser().resolve() / "runs"),
-    }
-    runs = [{**settings, "algorithm": m, "run-name": m} for m in methods]
-    validate_runs(runs)
-    out = prepare_output(args.out, overwrite=args.overwrite)
+    seeds = seeds_of(args)
+    values = settings(args, SETTINGS, QUICK)
     started = time.monotonic()
-    with LocalSimulation() as simulation:
-        directories = dict(
-            zip(methods, simulation.run_all(runs, parallel=parallelism(args)), strict=True)
-        )
-    summaries = {m: read_summary(d) for m, d in directories.items()}
-    final = {m: s["final_accuracy"] for m, s in summaries.items()}
+    directories = run_methods(args, values, methods, seeds)
+    out = args.out.expanduser().resolve()
     # the whole script: SuperLink start, every flwr run, their start-up and exit
     total_seconds = time.monotonic() - started
-    wall = {m: s["wall_seconds"] for m, s in summaries.items()}
+    final = {key: read_summary(d)["final_accuracy"] for key, d in directories.items()}
+    clients = {
+        m: read_summary(directories[(m, seeds[0])]).get("client_accuracy", {}) for m in methods
+    }
     result = {
-        "final_accuracy": final,
-        "wall_seconds": wall,
+        **method_summary(methods, seeds, {"final_accuracy": final}, clients, directories),
         "total_wall_seconds": total_seconds,
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": values,
     }
     write_summary(out, result)
     title = (
-        f"synthetic mixtures: {args.clients} clients x {args.samples_per_client} samples, "
-        f"d={args.dim}, M={args.components}, {args.rounds} rounds"
+        f"synthetic mixtures: {values['num-clients']} clients x "
+        f"{values['samples-per-client']} samples, d={values['mixture-dim']}, "
+        f"M={values['mixture-components']}, {values['num-rounds']} rounds"
     )
-    table = markdown_table(
-        ["method", "final accuracy (%)", "wall seconds"],
-        [(m, 100 * final[m], wall[m]) for m in methods],
-    )
-    (out / "table.md").write_text(f"# {title}\n\n{table}")
-    plot_rounds(
-        [(m, read_rounds(d)) for m, d in directories.items()],
-        "evaluate.accuracy",
-        out / "accuracy.png",
-        title=title,
-    )
+    table = method_table(result, [("final_accuracy", "final accuracy")])
+    (out / "table.md").write_text(f"# {title}\n\n{seeds_note(seeds)}\n\n{table}")
+    curves = {m: [read_rounds(directories[(m, s)]) for s in seeds] for m in methods}
+    plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
+    plot_client_cdf(result["per_client"], out / "clients.png", title=title)
     print(f"\n{title}\n\n{table}\ntotal {total_seconds:.0f} s; results: {out}")
     return result
 

@@ -1,6 +1,6 @@
 """FedGMM's Table 4 analogue: clients that never trained adapt their mixture weights.
 
-    python -m simulations.fedgmm_unseen --out DIR [--dataset synthetic|digits] [--quick]
+    python -m simulations.fedgmm_unseen --out DIR [--dataset synthetic|digits] [--seeds 3] [--quick]
 
 80% of the clients train (through Flower, as in ``fedgmm_synthetic``, or on the digits
 with the joint-distribution shift); the other 20% never send or receive anything
@@ -10,8 +10,10 @@ fixed (FedGMM: over component x learner cells; FedEM: over learners) and is test
 the other half. FedAvg's global model is tested on the same halves. Seen accuracy is
 the mean over the last 10 rounds of the seen clients' test accuracy.
 
-Writes DIR/summary.json ``{"seen_accuracy": {METHOD: v}, "unseen_accuracy": {METHOD:
-v}}``, DIR/table.md and the runs under DIR/runs/.
+Writes DIR/summary.json ``{"seen_accuracy": {METHOD: mean over seeds}, "unseen_accuracy":
+{METHOD: ...}}``, each with ``_std``, ``_ci95`` and ``_per_seed``, the per-client
+accuracies of the first seed (``per_client``: seen, ``unseen_per_client``),
+DIR/table.md, DIR/unseen_clients.png and the runs under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from typing import Any
 
 from fedpers.results import read_summary
 from simulations.common import (
-    config_help,
-    markdown_table,
+    add_key_flags,
+    method_summary,
+    method_table,
     output_parser,
-    parallelism,
-    prepare_output,
-    validate_runs,
+    plot_client_cdf,
+    run_methods,
+    seeds_note,
+    seeds_of,
+    settings,
     write_summary,
 )
-from simulations.launch import LocalSimulation
 
 METHODS = ("fedgmm", "fedem", "fedavg")
 
@@ -71,58 +75,50 @@ QUICK: dict[str, dict[str, Any]] = {
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train on the seen clients, adapt and test the unseen ones; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", choices=sorted(SETTINGS), default="synthetic")
-    parser.add_argument("--clients", type=int, help=config_help("num-clients", script=True))
-    parser.add_argument("--rounds", type=int, help=config_help("num-rounds", script=True))
     parser.add_argument(
-        "--unseen-fraction",
-        type=float,
-        default=0.2,
-        help=config_help("unseen-fraction", script=True),
+        "--dataset",
+        choices=sorted(SETTINGS),
+        default="synthetic",
+        help="which experiment (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
+    add_key_flags(
+        parser,
+        ["num-clients", "num-rounds", "unseen-fraction"],
+        {"unseen-fraction": 0.2},
+        aliases={"num-clients": "clients", "num-rounds": "rounds"},
+    )
     args = parser.parse_args(argv)
-    settings = dict(SETTINGS[args.dataset])
-    if args.quick:
-        settings.update(QUICK[args.dataset])
-    if args.clients is not None:
-        settings["num-clients"] = args.clients
-    if args.rounds is not None:
-        settings["num-rounds"] = args.rounds
-    settings.update(
-        {
-            "unseen-fraction": args.unseen_fraction,
-            "adapt-fraction": 0.5,
-            "seed": args.seed,
-            "results-dir": str(args.out.expanduser().resolve() / "runs"),
-        }
+    seeds = seeds_of(args)
+    values = settings(
+        args,
+        {**SETTINGS[args.dataset], "unseen-fraction": 0.2, "adapt-fraction": 0.5},
+        QUICK[args.dataset],
     )
-    runs = [{**settings, "algorithm": m, "run-name": m} for m in METHODS]
-    validate_runs(runs)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = dict(
-            zip(METHODS, simulation.run_all(runs, parallel=parallelism(args)), strict=True)
-        )
-    summaries = {m: read_summary(d) for m, d in directories.items()}
+    directories = run_methods(args, values, METHODS, seeds)
+    out = args.out.expanduser().resolve()
+    runs = {key: read_summary(d) for key, d in directories.items()}
+    figures = {
+        "seen_accuracy": {key: s["final_accuracy"] for key, s in runs.items()},
+        "unseen_accuracy": {key: s["unseen_accuracy"] for key, s in runs.items()},
+    }
+    first = {m: runs[(m, seeds[0])] for m in METHODS}
+    clients = {m: s.get("client_accuracy", {}) for m, s in first.items()}
     result = {
         "dataset": args.dataset,
-        "seen_accuracy": {m: s["final_accuracy"] for m, s in summaries.items()},
-        "unseen_accuracy": {m: s["unseen_accuracy"] for m, s in summaries.items()},
-        "settings": {**settings, "quick": args.quick},
+        **method_summary(METHODS, seeds, figures, clients, directories),
+        "unseen_per_client": {m: s.get("unseen_client_accuracy", {}) for m, s in first.items()},
+        "settings": {**values, "quick": args.quick},
     }
     write_summary(out, result)
-    table = markdown_table(
-        ["method", "seen clients (%)", "unseen clients (%)"],
-        [
-            (m, 100 * result["seen_accuracy"][m], 100 * result["unseen_accuracy"][m])
-            for m in METHODS
-        ],
+    table = method_table(
+        result, [("seen_accuracy", "seen clients"), ("unseen_accuracy", "unseen clients")]
     )
-    title = f"unseen clients, {args.dataset}: {settings['num-clients']} clients, " + (
-        f"{round(args.unseen_fraction * settings['num-clients'])} unseen"
+    unseen = round(values["unseen-fraction"] * values["num-clients"])
+    title = f"unseen clients, {args.dataset}: {values['num-clients']} clients, {unseen} unseen"
+    (out / "table.md").write_text(
+        f"# {title}\n\n{seeds_note(seeds)} Clients' columns: the seen clients.\n\n{table}"
     )
-    (out / "table.md").write_text(f"# {title}\n\n{table}")
+    plot_client_cdf(result["unseen_per_client"], out / "unseen_clients.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
     return result
 

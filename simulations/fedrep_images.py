@@ -1,8 +1,8 @@
 """FedRep's Table 1 analogue: every personalized method on one partition, through Flower.
 
     python -m simulations.fedrep_images --out DIR [--dataset mnist1d|digits|mnist|femnist|
-        cifar10|cifar100] [--clients N] [--classes-per-client S] [--rounds T] [--seed K]
-        [--methods fedrep,fedavg,...] [--quick]
+        cifar10|cifar100] [--num-clients N] [--classes-per-client S] [--num-rounds T]
+        [--seeds 0,1,2] [--methods fedrep,fedavg,...] [--run-config "key=value ..."] [--quick]
 
 Every method runs as its own `flwr run` on the Ray backend, with the same data, model,
 partition, local epochs and seed. Accuracy is measured every round on ALL clients
@@ -12,8 +12,11 @@ head-only epochs on every client. FedAvg and FedAvg+FT differ only after the las
 round, so when both are asked for they share one training run (the fedavg-ft run
 records the accuracy before and after fine-tuning).
 
-Writes DIR/summary.json ``{"dataset": ..., "final_accuracy": {METHOD: value}, ...}``,
-DIR/table.md, DIR/accuracy.png and every run's results under DIR/runs/.
+Every method runs once per seed. Writes DIR/summary.json (``final_accuracy[METHOD]``,
+the mean over seeds, with ``final_accuracy_std``, ``final_accuracy_ci95``, ``per_seed``,
+``seeds``; ``per_client``, ``client_p10``, ``client_std`` of the first seed;
+``megabytes_total``), DIR/table.md, DIR/accuracy.png (mean ± std over seeds),
+DIR/clients.png (per-client CDF) and every run's results under DIR/runs/METHOD-seedK/.
 """
 
 from __future__ import annotations
@@ -23,17 +26,20 @@ from typing import Any
 
 from fedpers import algorithms
 from fedpers.algorithms import Family
-from fedpers.results import plot_rounds, read_config, read_rounds, read_summary
+from fedpers.results import read_config, read_rounds, read_summary
 from simulations.common import (
-    config_help,
-    markdown_table,
+    add_key_flags,
+    method_summary,
+    method_table,
     output_parser,
-    parallelism,
-    prepare_output,
-    validate_runs,
+    plot_client_cdf,
+    plot_seeded,
+    run_methods,
+    seeds_note,
+    seeds_of,
+    settings,
     write_summary,
 )
-from simulations.launch import LocalSimulation
 
 
 def methods() -> tuple[str, ...]:
@@ -62,19 +68,23 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
     "cifar10": {"lr": 0.01, "epochs": 1},
     "cifar100": {"lr": 0.01, "classes-per-client": 20},
 }
+QUICK = {"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.2}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the comparison and write its summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", default="mnist1d", choices=sorted(DATASET_SETTINGS))
-    parser.add_argument("--clients", type=int, help=config_help("num-clients", script=True))
     parser.add_argument(
-        "--classes-per-client", type=int, help=config_help("classes-per-client", script=True)
+        "--dataset",
+        default="mnist1d",
+        choices=sorted(DATASET_SETTINGS),
+        help="run-config key 'dataset', with the paper's settings for it (default: %(default)s)",
     )
-    parser.add_argument("--rounds", type=int, help=config_help("num-rounds", script=True))
-    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
-    parser.add_argument("--data-root", default="", help=config_help("data-root", script=True))
+    add_key_flags(
+        parser,
+        ["num-clients", "classes-per-client", "num-rounds", "data-root"],
+        aliases={"num-clients": "clients", "num-rounds": "rounds"},
+    )
     known = methods()
     parser.add_argument(
         "--methods", default=",".join(known), help=f"comma-separated subset of {known}"
@@ -84,73 +94,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = sorted(set(chosen) - set(known))
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
-
-    settings: dict[str, Any] = {
-        "dataset": args.dataset,
-        "seed": args.seed,
-        "data-root": args.data_root,
-        **DATASET_SETTINGS[args.dataset],
-    }
-    if args.quick:
-        settings.update(
-            {"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.2}
-        )
-    for key, value in (
-        ("num-clients", args.clients),
-        ("classes-per-client", args.classes_per_client),
-        ("num-rounds", args.rounds),
-    ):
-        if value is not None:
-            settings[key] = value
+    seeds = seeds_of(args)
+    values = settings(
+        args,
+        {"dataset": args.dataset, **DATASET_SETTINGS[args.dataset]},
+        QUICK,
+    )
     # FedAvg's numbers come from the FedAvg+FT run when both are wanted.
-    to_run = [m for m in chosen if not (m == "fedavg" and "fedavg-ft" in chosen)]
-    runs_dir = args.out.expanduser().resolve() / "runs"
-    runs = [
-        {**settings, "algorithm": m, "results-dir": str(runs_dir), "run-name": m} for m in to_run
-    ]
-    validate_runs(runs)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = dict(
-            zip(to_run, simulation.run_all(runs, parallel=parallelism(args)), strict=True)
-        )
-    if "fedavg" in chosen and "fedavg" not in directories:
-        directories["fedavg"] = directories["fedavg-ft"]
+    directories = run_methods(args, values, chosen, seeds, shared={"fedavg": "fedavg-ft"})
+    out = args.out.expanduser().resolve()
 
-    final: dict[str, float] = {}
-    seconds: dict[str, float] = {}
+    final: dict[tuple[str, int], float] = {}
+    for (method, seed), directory in directories.items():
+        summary = read_summary(directory)
+        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        final[(method, seed)] = summary[
+            "final_accuracy_before_finetune" if before else "final_accuracy"
+        ]
+    clients = {}
     for method in chosen:
-        summary = read_summary(directories[method])
-        if method == "fedavg" and summary["algorithm"] == "fedavg-ft":
-            final[method] = summary["final_accuracy_before_finetune"]
-        else:
-            final[method] = summary["final_accuracy"]
-        seconds[method] = summary["wall_seconds"]
-    config = read_config(directories[chosen[0]])
+        summary = read_summary(directories[(method, seeds[0])])
+        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        clients[method] = summary.get(
+            "client_accuracy_before_finetune" if before else "client_accuracy", {}
+        )
+    config = read_config(directories[(chosen[0], seeds[0])])
     result = {
-        "dataset": args.dataset,
-        "final_accuracy": final,
-        "wall_seconds": seconds,
+        "dataset": config["dataset"],
+        **method_summary(chosen, seeds, {"final_accuracy": final}, clients, directories),
         "clients": config["num-clients"],
         "classes_per_client": config["classes-per-client"],
         "rounds": config["num-rounds"],
-        "seed": args.seed,
         "quick": args.quick,
     }
     write_summary(out, result)
-    rows = [(m, 100 * final[m], seconds[m]) for m in chosen]
-    table = markdown_table(["method", "final accuracy (%)", "wall seconds"], rows)
+    table = method_table(result, [("final_accuracy", "final accuracy")])
     title = (
-        f"{args.dataset}, {config['num-clients']} clients x {config['classes-per-client']} "
-        f"classes, {config['num-rounds']} rounds"
+        f"{config['dataset']}, {config['num-clients']} clients x "
+        f"{config['classes-per-client']} classes, {config['num-rounds']} rounds"
     )
-    (out / "table.md").write_text(f"# {title}\n\n{table}")
-    curves = [
-        (m, read_rounds(directories[m]))
+    (out / "table.md").write_text(f"# {title}\n\n{seeds_note(seeds)}\n\n{table}")
+    curves = {
+        m: [read_rounds(directories[(m, s)]) for s in seeds]
         for m in chosen
         if m != "fedavg-ft" or "fedavg" not in chosen
-    ]
-    plot_rounds(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
+    }
+    plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
+    plot_client_cdf(result["per_client"], out / "clients.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
     return result
 

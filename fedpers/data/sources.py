@@ -117,6 +117,26 @@ def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset
     raise ValueError(f"load_dataset: no loader for data set '{name}'")
 
 
+def check_data_source(name: str, root: str) -> None:
+    """Fail now, with the fix, if data set ``name`` cannot be read from ``root``: for
+    scripts to call before Flower and Ray start (a run would otherwise find out on
+    every client, after the start-up). Reads the files of a data set on disk once.
+
+    Raises
+    ------
+    DatasetNotFound
+        If the data set needs files and ``root`` is empty, missing or lacks them.
+    """
+    if name not in ("mnist", "femnist", "cifar10", "cifar100"):
+        return  # embedded, or a registered loader that checks its own files
+    if root and not Path(root).is_dir():
+        raise DatasetNotFound(
+            f"dataset='{name}': data-root '{root}' is not a directory. "
+            f"{DATASETS[name].how_to_get.replace('ROOT', root)}"
+        )
+    _torchvision(name, root)
+
+
 # --------------------------------------------------------------------- MNIST-1D
 def _mnist1d(*, train_size: int, seed: int, root: str) -> Dataset:
     """MNIST-1D (Greydanus, 2020) generated offline with its reference generator.
