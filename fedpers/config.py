@@ -71,6 +71,13 @@ class TestSplit(StrEnum):
     PER_CLIENT = "per-client"
 
 
+class EvaluateSplit(StrEnum):
+    """Which of a client's samples its evaluations report (``evaluate-split``)."""
+
+    TEST = "test"
+    VALIDATION = "validation"
+
+
 class LrSchedule(StrEnum):
     """Step size over the rounds (``lr-schedule``)."""
 
@@ -213,6 +220,12 @@ class DataSettings:
         TestSplit.DATASET,
         "`dataset` (FedRep): test samples from the test split over the client's classes; "
         "`per-client` (FedEM, FedGMM): pool, partition, split each client 60/20/20",
+    )
+    evaluate_split: EvaluateSplit = setting(
+        EvaluateSplit.TEST,
+        "what clients evaluate on: `test`, or `validation` to choose settings "
+        "(simulations.tune): the per-client protocol's 20%, else 20% of each client's "
+        "training samples, held out of its training",
     )
     joint_shift: bool = setting(
         False, "transform a share of an image data set and permute its labels (FedGMM, 4.1)"

@@ -55,18 +55,22 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def output_parser(description: str, *, seeds: str = "1") -> argparse.ArgumentParser:
+def output_parser(
+    description: str, *, seeds: str = "1", quick_seeds: str = "1"
+) -> argparse.ArgumentParser:
     """An argument parser with the flags every reproduction script takes; ``seeds`` is
-    the script's default ``--seeds``."""
+    the script's default ``--seeds``, ``quick_seeds`` its default with ``--quick``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
         "--seeds",
         type=parse_seeds,
-        default=parse_seeds(seeds),
+        default=None,
         help="seeds to run every experiment with: a count (3 = seeds 0,1,2) or a list "
-        f"(0,1,2); tables give the mean, std and 95%% interval over them (default: {seeds})",
+        f"(0,1,2); tables give the mean, std and 95%% interval over them (default: {seeds}; "
+        f"with --quick: {quick_seeds})",
     )
+    parser.set_defaults(default_seeds=parse_seeds(seeds), quick_seeds=parse_seeds(quick_seeds))
     parser.add_argument(
         "--seed",
         type=int,
@@ -227,9 +231,11 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
     given = run_config_values(args.run_config).get("seed")
     if args.seed is not None:
         return [int(args.seed)]
+    if args.seeds is not None:
+        return list(args.seeds)
     if given is not None:
         return [int(given)]
-    return list(args.seeds)
+    return list(args.quick_seeds if args.quick else args.default_seeds)
 
 
 def resources(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """FedRep's linear experiments (Figures 3 and 4 of Collins et al., 2021), through Flower.
 
-    python -m simulations.fedrep_linear --out DIR [--quick] [--clients 10,100,1000] ...
+    python -m simulations.fedrep_linear --out DIR [--quick] [--seeds 3] [--clients 10,100,1000] ...
 
 Figure 3: d=10, k=2, m=5 fresh samples per client and round, r=0.1, T=200, for
 n in {10, 100, 1000}: FedRep (exact least-squares heads), GD-GD and 10GD-GD (1 or 10
@@ -15,9 +15,11 @@ Local Only (least squares in all d dimensions). Reported: test MSE on fresh samp
 averaged over the new clients.
 
 Every setting is a flag. Writes DIR/summary.json:
-``{"principal_angle_distance": {METHOD: {N: final}}, "rounds_to_0.01": {METHOD: {N: round
-or null}}, "new_client_mse": {METHOD: {M_NEW: mse}}}``, DIR/figure3.png, DIR/figure4.png,
-DIR/table.md, and every run's results under DIR/runs/.
+``{"principal_angle_distance": {METHOD: {N: final}}, "rounds_to_0.01": {METHOD: {N: round}},
+"new_client_mse": {METHOD: {M_NEW: mse}}}``, means over ``--seeds`` (a seed whose run never
+got below 0.01 is left out of that mean), each with ``_std``, ``_ci95`` and ``_per_seed``;
+DIR/figure3_nN.png and DIR/figure4.png (first seed), DIR/table.md, and every run's
+results under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ from fedpers.data.synthetic import LinearTasks
 from fedpers.results import plot_rounds, read_rounds, read_summary
 from fedpers.seeding import rng
 from simulations.common import (
-    config_help,
+    add_key_flags,
+    add_statistics,
     markdown_table,
     output_parser,
     parallelism,
     prepare_output,
+    resources,
+    seeds_of,
+    settings,
     validate_runs,
     write_summary,
 )
@@ -54,6 +60,25 @@ FIGURE3_METHODS: dict[str, tuple[str, int]] = {
 # plain loop, as in shared/reference/fedrep.md: larger steps diverge for FedSGD at n=10).
 STEP_SIZES = {"fedrep": 0.4, "gd-gd": 0.4, "10gd-gd": 0.2, "fedsgd": 0.1}
 HEAD_STEP_SIZE = {"gd-gd": 0.4, "10gd-gd": 0.2}
+# Figure 3's settings (module docstring); key -> older flag name
+SETTINGS: dict[str, Any] = {
+    "dataset": "linear",
+    "linear-dim": 10,
+    "linear-rank": 2,
+    "linear-samples": 5,
+    "fraction-train": 0.1,
+    "num-rounds": 200,
+    "linear-noise-std": 0.0316,
+}
+QUICK = {"num-rounds": 60}
+FLAGS = {
+    "linear-dim": "dim",
+    "linear-rank": "rank",
+    "linear-samples": "samples",
+    "fraction-train": "fraction",
+    "num-rounds": "rounds",
+    "linear-noise-std": "noise-std",
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -74,19 +99,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run Figures 3 and 4 and write their summary; returns the summary."""
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=_ints, default=[10, 100, 1000], help="values of n")
-    parser.add_argument("--dim", type=int, default=10, help=config_help("linear-dim", script=True))
-    parser.add_argument("--rank", type=int, default=2, help=config_help("linear-rank", script=True))
-    parser.add_argument(
-        "--samples", type=int, default=5, help=config_help("linear-samples", script=True)
-    )
-    parser.add_argument(
-        "--fraction", type=float, default=0.1, help=config_help("fraction-train", script=True)
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=200, help=config_help("num-rounds", script=True)
-    )
-    parser.add_argument(
-        "--noise-std", type=float, default=0.0316, help=config_help("linear-noise-std", script=True)
+    add_key_flags(
+        parser,
+        list(FLAGS),
+        SETTINGS,
+        aliases={k: v for k, v in FLAGS.items() if v},
     )
     parser.add_argument(
         "--step-sizes",
@@ -105,96 +122,118 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="labelled samples of a new client",
     )
     parser.add_argument("--new-clients", type=int, default=50, help="new clients averaged over")
-    parser.add_argument("--seed", type=int, default=0, help=config_help("seed", script=True))
     args = parser.parse_args(argv)
     if args.quick:
-        args.clients, args.rounds, args.new_rounds = [10, 100], 60, 60
+        args.clients, args.new_rounds = [10, 100], 60
         args.m_new = [4, 10, 40]
         args.new_clients = 20
+    seeds = seeds_of(args)
+    values = settings(args, SETTINGS, QUICK)
     common = {
-        "dataset": "linear",
-        "linear-rank": args.rank,
-        "linear-noise-std": args.noise_std,
-        "fraction-train": args.fraction,
-        "seed": args.seed,
-        "results-dir": str(args.out.expanduser().resolve() / "runs"),
+        k: v for k, v in values.items() if k not in ("linear-dim", "linear-samples", "num-rounds")
     }
-    keys: list[tuple[str, int | None]] = []
+    common["results-dir"] = str(args.out.expanduser().resolve() / "runs")
+    keys: list[tuple[str, int | None, int]] = []
     runs: list[dict[str, Any]] = []
-    for n in args.clients:
-        for method, (algorithm, head_steps) in FIGURE3_METHODS.items():
-            keys.append((method, n))
+    for seed in seeds:
+        for n in args.clients:
+            for method, (algorithm, head_steps) in FIGURE3_METHODS.items():
+                keys.append((method, n, seed))
+                runs.append(
+                    {
+                        **common,
+                        "seed": seed,
+                        "algorithm": algorithm,
+                        "num-clients": n,
+                        "num-rounds": values["num-rounds"],
+                        "linear-dim": values["linear-dim"],
+                        "linear-samples": values["linear-samples"],
+                        "linear-lr": args.step_sizes[method],
+                        "linear-head-steps": head_steps,
+                        "linear-head-lr": HEAD_STEP_SIZE.get(method, 0.4),
+                        "run-name": f"figure3-{method}-n{n}-seed{seed}",
+                    }
+                )
+        for method in ("fedrep", "fedsgd"):
+            keys.append((method, None, seed))
             runs.append(
                 {
                     **common,
-                    "algorithm": algorithm,
-                    "num-clients": n,
-                    "num-rounds": args.rounds,
-                    "linear-dim": args.dim,
-                    "linear-samples": args.samples,
+                    "seed": seed,
+                    "algorithm": method,
+                    "num-clients": args.new_train_clients,
+                    "num-rounds": args.new_rounds,
+                    "linear-dim": args.new_dim,
+                    "linear-samples": args.new_samples,
                     "linear-lr": args.step_sizes[method],
-                    "linear-head-steps": head_steps,
-                    "linear-head-lr": HEAD_STEP_SIZE.get(method, 0.4),
-                    "run-name": f"figure3-{method}-n{n}",
+                    "run-name": f"figure4-{method}-seed{seed}",
                 }
             )
-    for method in ("fedrep", "fedsgd"):
-        keys.append((method, None))
-        runs.append(
-            {
-                **common,
-                "algorithm": method,
-                "num-clients": args.new_train_clients,
-                "num-rounds": args.new_rounds,
-                "linear-dim": args.new_dim,
-                "linear-samples": args.new_samples,
-                "linear-lr": args.step_sizes[method],
-                "run-name": f"figure4-{method}",
-            }
-        )
     validate_runs(runs)
+    kwargs = resources(args)
     out = prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args))
-    figure3: dict[str, dict[int, Path]] = {m: {} for m in FIGURE3_METHODS}
-    figure4: dict[str, Path] = {}
-    for (method, n), directory in zip(keys, directories, strict=True):
+        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    figure3: dict[int, dict[str, dict[int, Path]]] = {
+        s: {m: {} for m in FIGURE3_METHODS} for s in seeds
+    }
+    figure4: dict[int, dict[str, Path]] = {s: {} for s in seeds}
+    for (method, n, seed), directory in zip(keys, directories, strict=True):
         if n is None:
-            figure4[method] = directory
+            figure4[seed][method] = directory
         else:
-            figure3[method][n] = directory
+            figure3[seed][method][n] = directory
 
     distance = {
-        m: {str(n): read_summary(d)["final_principal_angle_distance"] for n, d in by_n.items()}
-        for m, by_n in figure3.items()
+        m: {
+            str(n): [
+                read_summary(figure3[s][m][n])["final_principal_angle_distance"] for s in seeds
+            ]
+            for n in args.clients
+        }
+        for m in FIGURE3_METHODS
     }
     first_below = {
-        m: {str(n): read_summary(d)["first_round_below_0.01"] for n, d in by_n.items()}
-        for m, by_n in figure3.items()
+        m: {
+            str(n): [read_summary(figure3[s][m][n])["first_round_below_0.01"] for s in seeds]
+            for n in args.clients
+        }
+        for m in FIGURE3_METHODS
     }
-    tasks = LinearTasks(args.new_dim, args.rank, args.noise_std, args.seed)
-    representations = {
-        m: np.load(d / "final_arrays.npz")["body.weight"].T for m, d in figure4.items()
-    }
-    new_client_mse = new_client_errors(
-        tasks,
-        representations,
-        first_new_client=args.new_train_clients,
-        count=args.new_clients,
-        m_new_values=args.m_new,
-        seed=args.seed,
-    )
-    summary = {
-        "principal_angle_distance": distance,
-        "rounds_to_0.01": first_below,
-        "new_client_mse": new_client_mse,
-        "figure4_training_distance": {
-            m: read_summary(d)["final_principal_angle_distance"] for m, d in figure4.items()
+    per_seed_mse: dict[str, dict[str, list[float]]] = {}
+    for seed in seeds:
+        tasks = LinearTasks(args.new_dim, values["linear-rank"], values["linear-noise-std"], seed)
+        representations = {
+            m: np.load(d / "final_arrays.npz")["body.weight"].T for m, d in figure4[seed].items()
+        }
+        mse = new_client_errors(
+            tasks,
+            representations,
+            first_new_client=args.new_train_clients,
+            count=args.new_clients,
+            m_new_values=args.m_new,
+            seed=seed,
+        )
+        for method, by_m in mse.items():
+            for m_new, value in by_m.items():
+                per_seed_mse.setdefault(method, {}).setdefault(m_new, []).append(value)
+    summary: dict[str, Any] = {"seeds": seeds}
+    add_statistics(summary, "principal_angle_distance", distance)
+    add_statistics(summary, "rounds_to_0.01", first_below)
+    add_statistics(summary, "new_client_mse", per_seed_mse)
+    add_statistics(
+        summary,
+        "figure4_training_distance",
+        {
+            m: [read_summary(figure4[s][m])["final_principal_angle_distance"] for s in seeds]
+            for m in ("fedrep", "fedsgd")
         },
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-    }
+    )
+    summary["settings"] = {**values, "clients": args.clients, "m_new": args.m_new}
     write_summary(out, summary)
-    _figures(out, figure3, args.clients, new_client_mse)
+    new_client_mse = summary["new_client_mse"]
+    _figures(out, figure3[seeds[0]], args.clients, new_client_mse)
+    distance_mean, below_mean = summary["principal_angle_distance"], summary["rounds_to_0.01"]
     table = markdown_table(
         [
             "method",
@@ -204,8 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [
             (
                 m,
-                *[distance[m][str(n)] for n in args.clients],
-                *[first_below[m][str(n)] for n in args.clients],
+                *[distance_mean[m][str(n)] for n in args.clients],
+                *[below_mean[m][str(n)] for n in args.clients],
             )
             for m in FIGURE3_METHODS
         ],
@@ -214,7 +253,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ["m_new", *new_client_mse],
         [(m_new, *[new_client_mse[m][str(m_new)] for m in new_client_mse]) for m_new in args.m_new],
     )
-    (out / "table.md").write_text(f"# Figure 3\n\n{table}\n# Figure 4 (test MSE)\n\n{table4}")
+    spread = markdown_table(
+        ["method", *[f"dist n={n}: std over seeds" for n in args.clients]],
+        [
+            (m, *[summary["principal_angle_distance_std"][m][str(n)] for n in args.clients])
+            for m in FIGURE3_METHODS
+        ],
+    )
+    (out / "table.md").write_text(
+        f"Means over seeds {', '.join(map(str, seeds))} (summary.json: std, 95% intervals, "
+        f"per seed).\n\n# Figure 3\n\n{table}\n{spread}\n# Figure 4 (test MSE)\n\n{table4}"
+    )
     print(f"\nFigure 3\n{table}\nFigure 4 (new-client test MSE)\n{table4}\nresults: {out}")
     return summary
 

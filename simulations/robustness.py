@@ -26,6 +26,7 @@ DIR/runs/.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +36,17 @@ import numpy as np
 
 from fedpers.aggregation import Aggregation
 from fedpers.results import final_mean, read_rounds, read_summary, write_json
-from simulations.common import markdown_table, output_parser, parallelism, prepare_output
+from simulations.common import (
+    add_statistics,
+    markdown_table,
+    output_parser,
+    parallelism,
+    prepare_output,
+    resources,
+    seeds_of,
+    settings,
+    validate_runs,
+)
 from simulations.launch import FlowerRunError, LocalSimulation
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
@@ -191,8 +202,30 @@ def _final_arrays_sound(directory: Path) -> bool:
         return all(bool(np.all(np.isfinite(stored[name]))) for name in stored.files)
 
 
-def attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any]]:
-    """Every run of the attack table (as run-config overrides)."""
+def attack_runs(
+    quick: bool,
+    scale: float,
+    runs_dir: Path,
+    seeds: Sequence[int] = (0,),
+    values: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Every run of the attack table (as run-config overrides), once per seed;
+    ``values`` (from ``--run-config``) change any key of every run."""
+    runs = []
+    for seed in seeds:
+        for overrides in _attack_runs(quick, scale, runs_dir):
+            runs.append(
+                {
+                    **overrides,
+                    **(values or {}),
+                    "seed": seed,
+                    "run-name": f"{overrides['run-name']}-seed{seed}",
+                }
+            )
+    return runs
+
+
+def _attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any]]:
     base: dict[str, Any] = {"dataset": "mnist1d", "results-dir": str(runs_dir)}
     if quick:
         base.update({"num-clients": 20, "num-rounds": 3, "final-rounds": 2, "fraction-train": 0.5})
@@ -244,16 +277,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
     args = parser.parse_args(argv)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    runs_dir = out / "runs"
+    seeds = seeds_of(args)
+    values = settings(args, {})
+    runs_dir = args.out.expanduser().resolve() / "runs"
     cases = fuzz_cases(args.quick)
-    fuzz = {name: fuzz_overrides(name, c, runs_dir) for name, c in cases.items()}
-    attacks = [] if args.skip_attacks else attack_runs(args.quick, args.scale, runs_dir)
+    # the fuzz sweep checks what is rejected, not accuracy: one run per family, first seed
+    fuzz = {
+        name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
+    }
+    attacks = (
+        [] if args.skip_attacks else attack_runs(args.quick, args.scale, runs_dir, seeds, values)
+    )
+    validate_runs([*fuzz.values(), *attacks])
+    kwargs = resources(args)
+    out = prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
 
         def attempt(overrides: dict[str, Any]) -> Path | None:
             try:
-                return simulation.run(overrides)
+                return simulation.run(overrides, **kwargs)
             except FlowerRunError as error:
                 print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
                 return None
@@ -289,6 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "fuzz": fuzz_summary,
         "attack": attack_summary,
         "sign_flip_scale": args.scale,
+        "seeds": seeds,
         "quick": args.quick,
     }
     write_json(out / "summary.json", result)
@@ -301,13 +344,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _attack_table(
     runs: list[dict[str, Any]], directories: list[Path | None]
 ) -> dict[str, dict[str, Any]]:
-    """Final accuracy of every attack run by algorithm, attack and aggregation. A run
-    that an attack drove to a stop (every reply rejected, fewer than min-replies) counts
-    with the mean of its last evaluated rounds, and is listed under ``stopped``."""
+    """Final accuracy of every attack run by algorithm, attack and aggregation: the mean
+    over seeds (each seed's in ``per_seed``, the std in ``std``). A run that an attack
+    drove to a stop (every reply rejected, fewer than min-replies) counts with the mean
+    of its last evaluated rounds, and is listed under ``stopped`` (by seed)."""
     table: dict[str, dict[str, Any]] = {}
     for overrides, directory in zip(runs, directories, strict=True):
         algorithm, aggregation = overrides["algorithm"], overrides["aggregation"]
-        attack = overrides["run-name"][len(algorithm) + 1 : -len(aggregation) - 1]
+        suffix = f"-{aggregation}-seed{overrides['seed']}"
+        attack = overrides["run-name"][len(algorithm) + 1 : -len(suffix)]
         entry = table.setdefault(algorithm, {})
         if directory is not None:
             accuracy = read_summary(directory)["final_accuracy"]
@@ -316,13 +361,22 @@ def _attack_table(
             records = read_rounds(stopped) if (stopped / "rounds.jsonl").exists() else []
             accuracy = final_mean(records, "evaluate.accuracy", 10)
             last = records[-1].round if records else 0
-            entry.setdefault("stopped", {}).setdefault(attack, {})[aggregation] = last
-        if attack == "clean":
-            entry.setdefault("clean_by_aggregation", {})[aggregation] = accuracy
-            if aggregation == Aggregation.MEAN:
-                entry["clean"] = accuracy
-        else:
-            entry.setdefault(attack, {})[aggregation] = accuracy
+            stopped_at = entry.setdefault("stopped", {}).setdefault(attack, {})
+            stopped_at.setdefault(aggregation, {})[str(overrides["seed"])] = last
+        entry.setdefault("per_seed", {}).setdefault(attack, {}).setdefault(aggregation, []).append(
+            accuracy
+        )
+    for entry in table.values():
+        stats: dict[str, Any] = {}
+        add_statistics(stats, "accuracy", entry["per_seed"])
+        entry["std"] = stats["accuracy_std"]
+        for attack, by_aggregation in stats["accuracy"].items():
+            if attack == "clean":
+                entry["clean_by_aggregation"] = by_aggregation
+                if Aggregation.MEAN.value in by_aggregation:
+                    entry["clean"] = by_aggregation[Aggregation.MEAN.value]
+            else:
+                entry[attack] = by_aggregation
     return table
 
 

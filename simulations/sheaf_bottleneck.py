@@ -16,38 +16,52 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from simulations.common import output_parser
+from simulations.common import add_key_flags, output_parser, settings
 from simulations.sheaf_common import TRAINING, report, run_grid
 
 DIMENSIONS = (2, 4, 8, 16, 32, 64)
+LAMBDA = 0.1  # the paper's value for this experiment; see the module docstring
+
+
+SETTINGS: dict[str, Any] = {
+    **TRAINING,
+    "num-clients": 2,
+    "num-rounds": 60,
+    "epochs": 1,
+    "sheaf-shift": 0.9,
+    "sheaf-lambda": LAMBDA,
+    "sheaf-hidden": "64,160",
+    "sheaf-variant": "heterogeneous",
+}
+QUICK = {"num-rounds": 15}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the bottleneck sweep; returns the summary."""
-    parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--lam", type=float, default=0.1, help="lambda of the gluing penalty")
-    parser.add_argument(
-        "--variant", choices=["heterogeneous", "homogeneous", "private"], default="heterogeneous"
+    parser = output_parser(__doc__.split("\n\n")[0], seeds="3", quick_seeds="1")
+    add_key_flags(
+        parser,
+        ["num-rounds", "sheaf-lambda", "sheaf-variant"],
+        SETTINGS,
+        aliases={"num-rounds": "rounds", "sheaf-lambda": "lam", "sheaf-variant": "variant"},
     )
-    parser.add_argument("--dims", default=",".join(str(d) for d in DIMENSIONS))
+    parser.add_argument(
+        "--dims",
+        default=",".join(str(d) for d in DIMENSIONS),
+        help="latent dimensions d to sweep (run-config key 'sheaf-latent-dims' = d,d; "
+        "default: %(default)s; with --quick: 8)",
+    )
     args = parser.parse_args(argv)
-    dims = [int(d) for d in args.dims.split(",") if d.strip()]
+    try:
+        dims = [int(d) for d in args.dims.split(",") if d.strip()]
+    except ValueError:
+        parser.error(f"--dims '{args.dims}' must be comma-separated integers (2,4,8)")
     if args.quick:
-        args.seeds, args.rounds, dims = 1, 15, [8]
-    settings = {
-        **TRAINING,
-        "num-clients": 2,
-        "num-rounds": args.rounds,
-        "epochs": 1,
-        "sheaf-shift": 0.9,
-        "sheaf-lambda": args.lam,
-        "sheaf-hidden": "64,160",
-        "sheaf-variant": args.variant,
-    }
-    result = run_grid(args, settings, dims, lambda d: {"sheaf-latent-dims": f"{d},{d}"}, "d")
-    table = report(args.out, result, dims, "d", "Sheaf-FRL bottleneck, 2 agents, s = 0.9")
+        dims = [8]
+    values = settings(args, SETTINGS, QUICK)
+    result = run_grid(args, values, dims, lambda d: {"sheaf-latent-dims": f"{d},{d}"}, "d")
+    title = f"Sheaf-FRL bottleneck, 2 agents, s = 0.9, lambda {values['sheaf-lambda']}"
+    table = report(args.out, result, dims, "d", title)
     print(f"\n{table}\nresults: {args.out}")
     return result
 

@@ -11,10 +11,16 @@ import numpy as np
 
 from fedpers.results import read_summary
 from simulations.common import (
+    add_statistics,
+    interval,
     markdown_table,
     parallelism,
     prepare_output,
+    resources,
+    seeds_note,
+    seeds_of,
     validate_runs,
+    with_spread,
     write_summary,
 )
 from simulations.launch import LocalSimulation
@@ -38,28 +44,30 @@ TRAINING: dict[str, Any] = {
 
 def run_grid(
     args: argparse.Namespace,
-    settings: dict[str, Any],
-    values: list[Any],
+    values: dict[str, Any],
+    swept: list[Any],
     overrides: Callable[[Any], dict[str, Any]],
     label: str,
 ) -> dict[str, Any]:
-    """Train Sheaf-FRL and the lambda = 0 baseline for every value and seed.
+    """Train Sheaf-FRL and the lambda = 0 baseline for every swept value and seed.
 
-    Returns the summary ``{"private_accuracy": {METHOD: {V: mean}},
-    "communication_accuracy": {...}, "bytes_per_round": {METHOD: v}, "per_seed": ...}``.
+    Returns the summary ``{"private_accuracy": {METHOD: {V: mean over seeds}},
+    "communication_accuracy": {...}, "bytes_per_round": {METHOD: v}}``, each accuracy
+    with ``_std``, ``_ci95`` and ``_per_seed`` of the same nesting, and ``seeds``.
     ``non-cooperative`` and ``non-cooperative-pilots`` are the same trained models,
     aligned after training with whitening fitted on training latents (the paper's
     baseline) or on the pilots (as Sheaf-FRL does).
     """
+    seeds = seeds_of(args)
     runs, keys = [], []
     root = args.out.expanduser().resolve() / "runs"
-    for value in values:
-        for seed in range(args.seeds):
+    for value in swept:
+        for seed in seeds:
             for algorithm in ("sheaf-frl", "non-cooperative"):
                 keys.append((value, seed, algorithm))
                 runs.append(
                     {
-                        **settings,
+                        **values,
                         **overrides(value),
                         "algorithm": algorithm,
                         "seed": seed,
@@ -68,41 +76,33 @@ def run_grid(
                     }
                 )
     validate_runs(runs)
+    kwargs = resources(args)
     prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args))
-    per_seed: dict[str, dict[str, list[dict[str, float]]]] = {m: {} for m in METHODS}
+        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    private: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
+    communication: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     bytes_per_round: dict[str, list[float]] = {m: [] for m in METHODS}
     for (value, _, algorithm), directory in zip(keys, directories, strict=True):
         summary = read_summary(directory)
-        communication = summary["communication_accuracy"]
+        reached = summary["communication_accuracy"]
         entries = (
-            [("sheaf-frl", communication["pilots"])]
+            [("sheaf-frl", reached["pilots"])]
             if algorithm == "sheaf-frl"
             else [
-                ("non-cooperative", communication["train"]),
-                ("non-cooperative-pilots", communication["pilots"]),
+                ("non-cooperative", reached["train"]),
+                ("non-cooperative-pilots", reached["pilots"]),
             ]
         )
         for method, comm in entries:
-            per_seed[method].setdefault(str(value), []).append(
-                {"private": summary["private_accuracy"], "communication": comm}
-            )
+            private[method].setdefault(str(value), []).append(summary["private_accuracy"])
+            communication[method].setdefault(str(value), []).append(comm)
             bytes_per_round[method].append(summary["bytes_per_round"])
-    result: dict[str, Any] = {
-        "private_accuracy": {
-            m: {v: float(np.mean([r["private"] for r in rows])) for v, rows in by.items()}
-            for m, by in per_seed.items()
-        },
-        "communication_accuracy": {
-            m: {v: float(np.mean([r["communication"] for r in rows])) for v, rows in by.items()}
-            for m, by in per_seed.items()
-        },
-        "bytes_per_round": {m: float(np.mean(v)) for m, v in bytes_per_round.items()},
-        "per_seed": per_seed,
-        "seeds": args.seeds,
-        "settings": settings,
-    }
+    result: dict[str, Any] = {"seeds": seeds}
+    add_statistics(result, "private_accuracy", private)
+    add_statistics(result, "communication_accuracy", communication)
+    result["bytes_per_round"] = {m: float(np.mean(v)) for m, v in bytes_per_round.items()}
+    result["settings"] = values
     write_summary(args.out.expanduser().resolve(), result)
     return result
 
@@ -114,8 +114,8 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
         rows.append(
             (
                 method,
-                *[100 * result["private_accuracy"][method][str(v)] for v in values],
-                *[100 * result["communication_accuracy"][method][str(v)] for v in values],
+                *[_cell(result, "private_accuracy", method, v) for v in values],
+                *[_cell(result, "communication_accuracy", method, v) for v in values],
                 result["bytes_per_round"][method],
             )
         )
@@ -128,9 +128,16 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
         ],
         rows,
     )
+    intervals = markdown_table(
+        ["method", *[f"comm {label}={v}: 95% interval" for v in values]],
+        [
+            (m, *[interval(result["communication_accuracy_ci95"][m][str(v)]) for v in values])
+            for m in METHODS
+        ],
+    )
     out = out.expanduser().resolve()
     (out / "table.md").write_text(
-        f"# {title}\n\nAccuracies in %, means over {result['seeds']} seed(s).\n\n{table}"
+        f"# {title}\n\nAccuracies in %. {seeds_note(result['seeds'])}\n\n{table}\n{intervals}"
     )
     import matplotlib
 
@@ -145,14 +152,20 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
         strict=True,
     ):
         for method in METHODS:
-            axis.plot(
+            means = np.array([100 * result[metric][method][str(v)] for v in values])
+            spread = np.nan_to_num(
+                np.array([100 * result[f"{metric}_std"][method][str(v)] for v in values])
+            )
+            (line,) = axis.plot([str(v) for v in values], means, marker="o", label=method)
+            axis.fill_between(
                 [str(v) for v in values],
-                [result[metric][method][str(v)] for v in values],
-                marker="o",
-                label=method,
+                means - spread,
+                means + spread,
+                color=line.get_color(),
+                alpha=0.2,
             )
         axis.set_xlabel(label)
-        axis.set_ylabel(f"average {name} accuracy")
+        axis.set_ylabel(f"average {name} accuracy (%)")
         axis.grid(alpha=0.3)
     axes[0].legend()
     figure.suptitle(title)
@@ -160,3 +173,9 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
     figure.savefig(out / "accuracy.png", dpi=120)
     plt.close(figure)
     return table
+
+
+def _cell(result: dict[str, Any], metric: str, method: str, value: Any) -> str:
+    return with_spread(
+        result[metric][method][str(value)], result[f"{metric}_std"][method][str(value)]
+    )

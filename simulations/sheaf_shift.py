@@ -22,33 +22,49 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from simulations.common import output_parser
+from simulations.common import add_key_flags, output_parser, settings
 from simulations.sheaf_common import TRAINING, report, run_grid
 
 SHIFTS = (0.5, 0.6, 0.7, 0.8, 0.9)
+LAMBDA = 0.3  # chosen on validation: see the module docstring
+
+
+SETTINGS: dict[str, Any] = {
+    **TRAINING,
+    "num-clients": 15,
+    "num-rounds": 60,
+    "epochs": 3,
+    "sheaf-lambda": LAMBDA,
+}
+QUICK = {"num-rounds": 20}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the shift sweep; returns the summary."""
-    parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--agents", type=int, default=15)
-    parser.add_argument("--lam", type=float, default=0.3, help="lambda of the gluing penalty")
-    parser.add_argument("--shifts", default=",".join(str(s) for s in SHIFTS))
+    parser = output_parser(__doc__.split("\n\n")[0], seeds="3", quick_seeds="1")
+    add_key_flags(
+        parser,
+        ["num-clients", "num-rounds", "sheaf-lambda"],
+        SETTINGS,
+        aliases={"num-clients": "agents", "num-rounds": "rounds", "sheaf-lambda": "lam"},
+    )
+    parser.add_argument(
+        "--shifts",
+        default=",".join(str(s) for s in SHIFTS),
+        help="values of run-config key 'sheaf-shift' to sweep (default: %(default)s; "
+        "with --quick: 0.9)",
+    )
     args = parser.parse_args(argv)
-    shifts = [float(s) for s in args.shifts.split(",") if s.strip()]
+    try:
+        shifts = [float(s) for s in args.shifts.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--shifts '{args.shifts}' must be comma-separated numbers (0.5,0.9)")
     if args.quick:
-        args.seeds, args.rounds, shifts = 1, 20, [0.9]
-    settings = {
-        **TRAINING,
-        "num-clients": args.agents,
-        "num-rounds": args.rounds,
-        "epochs": 3,
-        "sheaf-lambda": args.lam,
-    }
-    result = run_grid(args, settings, shifts, lambda s: {"sheaf-shift": s}, "s")
-    table = report(args.out, result, shifts, "s", f"Sheaf-FRL, {args.agents} agents, digits")
+        shifts = [0.9]
+    values = settings(args, SETTINGS, QUICK)
+    result = run_grid(args, values, shifts, lambda s: {"sheaf-shift": s}, "s")
+    title = f"Sheaf-FRL, {values['num-clients']} agents, digits, lambda {values['sheaf-lambda']}"
+    table = report(args.out, result, shifts, "s", title)
     print(f"\n{table}\nresults: {args.out}")
     return result
 

@@ -75,21 +75,42 @@ class Federation:
         self.registered_at = float("nan")  # time.time() when all nodes were seen
 
     # ------------------------------------------------------------------ population
-    def connect(self, grid: Grid, *, timeout: float, poll: float = 0.2) -> None:
-        """Wait for ``num_nodes`` nodes, then learn each node's partition id."""
-        deadline = time.monotonic() + timeout
-        last_count = -1
+    def connect(
+        self,
+        grid: Grid,
+        *,
+        timeout: float,
+        poll: float = 0.2,
+        settled: float | None = None,
+    ) -> None:
+        """Wait for ``num_nodes`` nodes, then learn each node's partition id.
+
+        ``settled`` (a simulation, whose virtual nodes all register before the
+        ServerApp starts): fail once the count has not changed for that many seconds,
+        instead of waiting ``timeout`` for nodes that cannot come.
+        """
+        started = time.monotonic()
+        deadline = started + timeout
+        last_count, changed = -1, started
         while (count := len(list(grid.get_node_ids()))) < self.num_nodes:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if count != last_count:
+                logger.info("waiting for nodes: %d of %d registered", count, self.num_nodes)
+                last_count, changed = count, now
+            if settled is not None and now - changed > settled:
+                raise PopulationError(
+                    f"this simulation has {count} virtual nodes and num-clients = "
+                    f"{self.num_nodes} needs one per client. Run with --federation-config "
+                    f'"num-supernodes={self.num_nodes}", or with --run-config '
+                    f'"num-clients={count}"; the scripts in simulations/ size it for you.'
+                )
+            if now > deadline:
                 raise PopulationError(
                     f"only {count} of the {self.num_nodes} expected nodes registered "
                     f"within {timeout:.0f} s. In simulation pass --federation-config "
                     f'"num-supernodes={self.num_nodes}"; in deployment start that many '
                     "SuperNodes, or lower num-clients."
                 )
-            if count != last_count:
-                logger.info("waiting for nodes: %d of %d registered", count, self.num_nodes)
-                last_count = count
             time.sleep(poll)
         self.registered_at = time.time()
         node_ids = sorted(grid.get_node_ids())

@@ -31,9 +31,13 @@ from strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES, Evalua
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
-if "flwr.server.superlink.linkstate.in_memory_linkstate" in sys.modules:
-    # A simulation: this process also holds Flower's LinkState. Index it by node so the
-    # dispatcher's sweeps cost nodes + messages, not nodes x messages.
+# A simulation: this process also holds Flower's LinkState, and every virtual node has
+# registered before the ServerApp starts.
+SIMULATION = "flwr.server.superlink.linkstate.in_memory_linkstate" in sys.modules
+SETTLED_SECONDS = 5.0  # a simulation's node count unchanged this long is final
+if SIMULATION:
+    # Index the LinkState by node so the dispatcher's sweeps cost nodes + messages, not
+    # nodes x messages.
     from strategies import flower_patches
 
     flower_patches.install()
@@ -78,7 +82,11 @@ def main(grid: Grid, context: Context) -> None:
     evaluate_fn = _distance_to_truth(config) if config.is_linear else None
     evaluate_config = strategy.evaluate_config()
     try:
-        strategy.federation.connect(grid, timeout=config.node_wait_timeout)
+        strategy.federation.connect(
+            grid,
+            timeout=config.node_wait_timeout,
+            settled=SETTLED_SECONDS if SIMULATION else None,
+        )
         partitions_known = time.time()
         if config.resume:
             initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})

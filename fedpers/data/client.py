@@ -37,6 +37,7 @@ from fedpers.seeding import rng
 
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
 SHEAF_SPLIT = (0.8, 0.1, 0.1)  # Sheaf-FRL's per-agent split
+VALIDATION_SHARE = 0.2  # of a client's training samples, where it has no validation split
 _EMPTY = np.zeros((0,), dtype=np.float32)
 
 
@@ -67,6 +68,8 @@ class DataConfig(Protocol):
     def samples_per_client(self) -> int: ...
     @property
     def per_client_split(self) -> bool: ...
+    @property
+    def evaluate_split(self) -> str: ...
     @property
     def joint_shift(self) -> bool: ...
     @property
@@ -169,8 +172,37 @@ def client_data(
     """The train (validation) and test data of client ``partition_id``.
 
     ``transforms`` (image data only) applies image transforms to the client's raw
-    samples before normalization: the out-of-distribution copies of its data.
+    samples before normalization: the out-of-distribution copies of its data. With
+    run-config ``evaluate-split = "validation"`` the returned test samples are the
+    client's validation samples (``for_validation``), so that every evaluation of the
+    run reports validation figures; the test samples are then not returned at all.
     """
+    data = _client_data(config, partition_id, transforms=transforms)
+    if str(config.evaluate_split) == "validation":
+        return for_validation(data, DataKey.of(config).seed, partition_id)
+    return data
+
+
+def for_validation(data: ClientData, seed: int, partition_id: int) -> ClientData:
+    """The client's data for choosing settings: its validation samples in place of its
+    test samples. A protocol without a validation split (FedRep's ``dataset`` test
+    split, MNIST-1D generated per client) holds out a seeded ``VALIDATION_SHARE`` of
+    the client's training samples instead, which it then does not train on."""
+    if len(data.y_val):
+        return ClientData(data.x_train, data.y_train, data.x_val, data.y_val)
+    order = rng(seed, "validation-split", partition_id).permutation(len(data.y_train))
+    held = int(round(VALIDATION_SHARE * len(order)))
+    if len(order) > 1:
+        held = min(max(held, 1), len(order) - 1)
+    val, train = order[:held], order[held:]
+    return ClientData(
+        data.x_train[train], data.y_train[train], data.x_train[val], data.y_train[val]
+    )
+
+
+def _client_data(
+    config: DataConfig, partition_id: int, *, transforms: tuple[str, ...] = ()
+) -> ClientData:
     key = DataKey.of(config)
     if not 0 <= partition_id < key.num_clients:
         raise ValueError(
