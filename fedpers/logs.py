@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 PACKAGES = ("fedpers", "strategies", "clients")
 
@@ -19,3 +20,38 @@ def route_to_flower(level: int = logging.INFO) -> None:
         package_logger.handlers = list(handlers)
         package_logger.setLevel(level)
         package_logger.propagate = False
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|NotFound)\b.*:")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour and cursor codes (for files)."""
+    return ANSI.sub("", text)
+
+
+_FLOWER_REASON = re.compile(r"<class '([\w.]+)'>:<'(.*)'>", re.DOTALL)
+_WRAPPED = re.compile(r"Exception ClientAppException occurred\. Message: (.*)", re.DOTALL)
+
+
+def one_line(text: str | None, limit: int = 400) -> str:
+    """A client's error as one clean line: no ANSI codes; Flower's wrapping
+    (``<class 'ValueError'>:<'...'>``, and in simulation ``Exception
+    ClientAppException occurred. Message: ...``) undone to ``ValueError: ...``; of a
+    traceback only its last exception line; at most ``limit`` characters."""
+    text = strip_ansi(text or "").strip()
+    if match := _FLOWER_REASON.fullmatch(text):
+        name, text = match.group(1).rsplit(".", 1)[-1], match.group(2).strip()
+        if wrapped := _WRAPPED.search(text):
+            text = wrapped.group(1).strip()
+        elif name not in ("Exception", "ClientAppException"):
+            text = f"{name}: {text}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = lines[-1]
+    if len(lines) > 1:
+        exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        chosen = exceptions[-1] if exceptions else lines[-1]
+    return chosen if len(chosen) <= limit else chosen[: limit - 3] + "..."

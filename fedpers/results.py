@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpers.logs import strip_ansi
+
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
@@ -165,7 +167,7 @@ class RunRecorder:
         """Record why the run stopped early (``failure.json``); rounds so far stay."""
         _write_json_atomic(
             self.directory / FAILURE_FILE,
-            {"reason": reason, "rounds_completed": len(self.records)},
+            {"reason": strip_ansi(reason), "rounds_completed": len(self.records)},
         )
         self.release()
 
@@ -233,7 +235,9 @@ class RunRecorder:
 
 def write_failure(directory: Path, reason: str) -> None:
     """Write ``failure.json`` for a run that stopped before it had a recorder."""
-    _write_json_atomic(directory / FAILURE_FILE, {"reason": reason, "rounds_completed": 0})
+    _write_json_atomic(
+        directory / FAILURE_FILE, {"reason": strip_ansi(reason), "rounds_completed": 0}
+    )
 
 
 def metric_value(record: RoundRecord, metric: str) -> float:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedpers.config import RunConfig, load_run_config
+from fedpers.logs import strip_ansi
 from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -253,7 +254,7 @@ class LocalSimulation:
             self.streams.add(process)
             assert process.stdout is not None
             for line in process.stdout:
-                log.write(line)
+                log.write(strip_ansi(line))  # files hold no terminal codes
                 if PROGRESS.search(line):
                     self.echo(_strip_log_prefix(line))
             code = process.wait()

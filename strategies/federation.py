@@ -22,6 +22,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol
+from fedpers.logs import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,9 @@ class Federation:
         for node in node_ids:
             reply = by_node.get(node)
             if reply is None or reply.has_error():
-                failed.append(f"node {node}: {reply.error.reason if reply else 'no reply'}")
+                failed.append(
+                    f"node {node}: {one_line(reply.error.reason) if reply else 'no reply'}"
+                )
                 continue
             try:
                 partition, _, _ = _info_metrics(reply)
@@ -238,7 +241,7 @@ class Federation:
                 continue
             result.replies[partition] = reply
             if reply.has_error():
-                result.failures[partition] = f"client error: {reply.error.reason}"
+                result.failures[partition] = f"client error: {one_line(reply.error.reason)}"
         return result
 
     def broadcast(

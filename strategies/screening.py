@@ -29,6 +29,7 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common.constant import SType
 
 from fedpers import protocol
+from fedpers.logs import one_line
 
 ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server expects
 Check = Callable[[Message], str | None]
@@ -82,7 +83,7 @@ def defect(reply: Message) -> str | None:
     protocol does not name, an array that is not what it declares or not finite, or a
     metric that is not a finite number."""
     if reply.has_error():
-        return f"client error: {reply.error.reason}"
+        return f"client error: {one_line(reply.error.reason)}"
     content = reply.content
     unknown = sorted(
         {*content.array_records, *content.metric_records, *content.config_records}
