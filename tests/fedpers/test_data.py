@@ -187,3 +187,32 @@ def test_client_data_is_the_clients_own_partition() -> None:
     assert len(np.unique(data.y_train)) == 2
     with pytest.raises(ValueError, match=r"partition-id 10 is outside 0\.\.9"):
         client_data(config, 10)
+
+
+def _rows(x: np.ndarray) -> set[bytes]:
+    return {np.ascontiguousarray(row).tobytes() for row in x}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"dataset": "digits", "test-split": "per-client", "partitioner": "dirichlet"},
+        {"dataset": "mixture", "samples-per-client": 60},
+        {"dataset": "digits"},  # FedRep's protocol: validation held out of training
+        {"dataset": "mnist1d", "partitioner": "generated", "samples-per-client": 40},
+    ],
+)
+def test_validation_and_test_splits_are_disjoint(overrides: dict[str, object]) -> None:
+    config = load_run_config({"num-clients": 10, **overrides})
+    validation = load_run_config({"num-clients": 10, **overrides, "evaluate-split": "validation"})
+    for partition in (0, 3, 9):
+        test = client_data(config, partition)
+        chosen = client_data(validation, partition)
+        held = _rows(chosen.x_test)
+        assert len(chosen.y_test) > 0
+        # what a tuning run evaluates on is neither the test samples nor trained on
+        assert held.isdisjoint(_rows(test.x_test))
+        assert held.isdisjoint(_rows(chosen.x_train))
+        # and it comes out of the client's own data, not from elsewhere
+        assert held <= _rows(test.x_train) | _rows(test.x_val)
+        assert _rows(chosen.x_train) | held <= _rows(test.x_train) | _rows(test.x_val)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedpers.results import (
+    ROUNDS_FILE,
     ResultsExistError,
     RoundRecord,
     RunRecorder,
@@ -66,3 +67,41 @@ def test_progress_line_has_round_eta_and_metric(tmp_path: Path) -> None:
     assert line.startswith("fedrep | round 2/3 | elapsed ")
     assert "ETA 00:01" in line  # one round left at the steady 1 s per round
     assert line.endswith("accuracy 0.5")
+
+
+def test_a_round_without_evaluation_shows_the_last_value_not_nan(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path / "run")
+    recorder.record(RoundRecord(round=1, seconds=1.0))
+    assert recorder.progress_line(recorder.records[-1]).endswith("accuracy not evaluated yet")
+    recorder.record(RoundRecord(round=2, seconds=1.0, evaluate={"accuracy": 0.5}))
+    recorder.record(RoundRecord(round=3, seconds=1.0))
+    line = recorder.progress_line(recorder.records[-1])
+    assert line.endswith("accuracy 0.5 (round 2)")
+    assert "nan" not in line
+
+
+def test_per_client_rows_go_to_their_own_file_and_resume_keeps_them_in_step(
+    tmp_path: Path,
+) -> None:
+    from fedpers.results import CLIENTS_FILE, final_client_metric, read_clients
+
+    directory = tmp_path / "run"
+    recorder = _recorder(directory)
+    for r in (1, 2, 3):
+        clients = {str(p): {"accuracy": r / 10 + p / 100} for p in range(3)}
+        recorder.record(RoundRecord(round=r, seconds=1.0, clients=clients if r != 2 else {}))
+    assert [row["round"] for row in read_clients(directory)] == [1, 3]
+    assert final_client_metric(directory) == pytest.approx({"0": 0.3, "1": 0.31, "2": 0.32})
+    assert all("clients" not in json.loads(line) for line in (directory / ROUNDS_FILE).open())
+    assert read_rounds(directory)[0].clients == {}  # rounds.jsonl alone: no per-client data
+    recorder.release()
+    RunRecorder(
+        directory,
+        json.loads((directory / "config.json").read_text()),
+        name="fedrep",
+        total_rounds=3,
+        progress_metric="evaluate.accuracy",
+        resume_after=2,
+    ).release()
+    assert [row["round"] for row in read_clients(directory)] == [1]
+    assert (directory / CLIENTS_FILE).exists()

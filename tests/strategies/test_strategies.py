@@ -1,6 +1,7 @@
 """Strategies, tested without Ray: aggregation against hand-computed averages on fake
 replies, and whole rounds through an in-process grid that runs the real ClientApp."""
 
+import io
 from collections.abc import Iterable
 
 import numpy as np
@@ -265,3 +266,45 @@ def test_evaluate_every_keeps_the_final_rounds_and_does_not_touch_training(
         assert evaluated == ([1, 2, 3, 4, 5] if every == 1 else [3, 4, 5])
         final[every] = recorder.records[-1].evaluate
     assert final[1] == final[3]
+
+
+def test_each_clients_accuracy_is_recorded_and_averages_to_the_round_figure() -> None:
+    grid, config = _grid(6, algorithm="fedrep", fraction_train=0.5)
+    records = _run(build_strategy(config), grid, config, rounds=2).records
+    last = records[-1]
+    assert set(last.clients) == {str(p) for p in range(6)}
+    # Oracle: the test-weighted mean of the per-client figures, computed here.
+    weights = np.array([v[protocol.NUM_EXAMPLES] for v in last.clients.values()])
+    accuracies = np.array([v[protocol.ACCURACY] for v in last.clients.values()])
+    assert float(weights @ accuracies / weights.sum()) == pytest.approx(
+        last.evaluate[protocol.ACCURACY], rel=1e-12
+    )
+
+
+def test_round_bytes_are_what_the_messages_carry() -> None:
+    grid, config = _grid(10, algorithm="fedrep", fraction_train=0.3)
+    strategy = build_strategy(config)
+    records = _run(strategy, grid, config, rounds=2).records
+    body = sum(a.numpy().nbytes for a in strategy.initial_arrays(grid, timeout=5).values())
+    for record in records:
+        sampled = record.sampled
+        sent, received = record.server["bytes-sent"], record.server["bytes-received"]
+        # The arrays' data is the bulk; names, config and metrics add under 4 kB a message.
+        assert sampled * body <= sent <= sampled * (body + 4096)
+        assert record.replies * body <= received <= record.replies * (body + 4096)
+        # evaluation: the body to all 10 clients, and their metrics back
+        assert 10 * body <= record.server["evaluate-bytes"] <= 10 * (body + 8192)
+
+    # Exactly: each array as NumPy serializes it (.npy: header + data), its name, and
+    # the config record's keys and values.
+    def npy(array: np.ndarray) -> int:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return len(buffer.getvalue())
+
+    train_messages = _messages(grid, MessageType.TRAIN)
+    assert sum(r.server["bytes-sent"] for r in records) == sum(
+        sum(npy(a.numpy()) + len(k) for k, a in m.content[protocol.ARRAYS].items())
+        + m.content[protocol.CONFIG].count_bytes()
+        for m in train_messages
+    )
