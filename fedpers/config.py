@@ -504,6 +504,11 @@ class OutputSettings:
 
     results_dir: str = setting("results", "directory of the run directories")
     run_name: str = setting("", "the run's directory (empty: `<algorithm>-<dataset>-<time>`)")
+    tensorboard: bool = setting(
+        False,
+        "also write each round's metrics as TensorBoard event files in "
+        "`<run directory>/tensorboard` (the `tensorboard` extra)",
+    )
 
 
 # The groups in the order of the docs and of pyproject.toml.

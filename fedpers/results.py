@@ -10,6 +10,8 @@ Every run writes ``<results-dir>/<run-name>/``:
   metrics by partition (``{"round": 5, "clients": {"0": {"accuracy": ...}, ...}}``);
 - ``summary.json``: final metrics, written atomically when the run ends;
 - PNG plots of the per-round metrics;
+- ``tensorboard/``: the same per-round metrics as TensorBoard event files (only with
+  run-config ``tensorboard = true``);
 - ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
 - ``.lock``: held (``flock``) by the ServerApp writing the directory, so two runs of
   one name cannot interleave their rounds.
@@ -111,8 +113,10 @@ class RunRecorder:
         total_rounds: int,
         progress_metric: str,
         resume_after: int | None = None,
+        tensorboard: bool = False,
     ) -> None:
         self.directory = directory
+        self._board: Any = None
         self.name = name
         self.total_rounds = total_rounds
         self.progress_metric = progress_metric
@@ -122,7 +126,13 @@ class RunRecorder:
         if resume_after is not None:
             self._lock = _claim(directory)
             self._reopen(config, resume_after)
-            return
+        else:
+            self._start(config)
+        if tensorboard:  # after the directory is this run's
+            self._board = open_tensorboard(directory / TENSORBOARD_DIR)
+
+    def _start(self, config: Mapping[str, Any]) -> None:
+        directory = self.directory
         self._refuse_existing()
         self._lock = _claim(directory)
         self._refuse_existing()  # a run that started at the same time and wrote first
@@ -173,6 +183,10 @@ class RunRecorder:
 
     def release(self) -> None:
         """Let another run write this directory (after ``finish`` or ``fail``)."""
+        board = getattr(self, "_board", None)
+        if board is not None:
+            board.close()
+            self._board = None
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1
@@ -186,6 +200,13 @@ class RunRecorder:
         with (self.directory / ROUNDS_FILE).open("a") as handle:
             handle.write(_json_line(record.without_clients()))
             handle.flush()
+        if self._board is not None:
+            for section in ("train", "evaluate", "server"):
+                for key, value in getattr(record, section).items():
+                    if math.isfinite(value):
+                        self._board.add_scalar(f"{section}/{key}", value, record.round)
+            self._board.add_scalar("round/seconds", record.seconds, record.round)
+            self._board.flush()
         logger.info(self.progress_line(record))
 
     def progress_line(self, record: RoundRecord) -> str:
@@ -231,6 +252,28 @@ class RunRecorder:
                 self.directory / f"{metric.replace('.', '_')}.png",
             )
         return final
+
+
+TENSORBOARD_DIR = "tensorboard"
+
+
+def open_tensorboard(logdir: Path) -> Any:
+    """A TensorBoard ``SummaryWriter`` on ``logdir`` (run-config ``tensorboard = true``).
+
+    Raises
+    ------
+    ImportError
+        If the ``tensorboard`` package is missing, naming the extra to install.
+    """
+    try:
+        import tensorboard  # noqa: F401  # torch's writer needs it
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        raise ImportError(
+            "run-config key 'tensorboard' = true needs the tensorboard package: "
+            "pip install -e '.[tensorboard]' (or set tensorboard = false)"
+        ) from error
+    return SummaryWriter(log_dir=str(logdir))
 
 
 def write_failure(directory: Path, reason: str) -> None:

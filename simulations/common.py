@@ -358,6 +358,14 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
             config = resolved_config(overrides)
         except ConfigError as error:
             raise SystemExit(f"error: {error}") from error
+        if config.tensorboard:
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError:
+                raise SystemExit(
+                    "error: run-config key 'tensorboard' = true needs the tensorboard "
+                    "package: pip install -e '.[tensorboard]'"
+                ) from None
         source = (config.dataset, config.data_root)
         if source not in checked:
             checked.add(source)

@@ -71,6 +71,7 @@ def main(grid: Grid, context: Context) -> None:
         total_rounds=config.num_rounds,
         progress_metric=progress,
         resume_after=checkpoint_round if config.resume else None,
+        tensorboard=config.tensorboard,
     )
     logger.info(
         "results of this run: %s%s",

@@ -105,3 +105,48 @@ def test_per_client_rows_go_to_their_own_file_and_resume_keeps_them_in_step(
     ).release()
     assert [row["round"] for row in read_clients(directory)] == [1]
     assert (directory / CLIENTS_FILE).exists()
+
+
+def test_tensorboard_export_holds_every_round_metric(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedpers.results import TENSORBOARD_DIR
+
+    directory = tmp_path / "run"
+    recorder = RunRecorder(
+        directory,
+        {"seed": 1},
+        name="fedrep",
+        total_rounds=3,
+        progress_metric="evaluate.accuracy",
+        tensorboard=True,
+    )
+    for r in (1, 2, 3):
+        recorder.record(
+            RoundRecord(
+                round=r,
+                seconds=0.5 * r,
+                train={"loss": 1.0 / r},
+                evaluate={"accuracy": 0.25 * r} if r != 2 else {},
+                server={"bytes-sent": 1000.0 * r, "bytes-received": float("nan")},
+            )
+        )
+    recorder.finish({"final_accuracy": 0.75})
+    events = EventAccumulator(str(directory / TENSORBOARD_DIR))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "evaluate/accuracy", "server/bytes-sent", "round/seconds"} <= tags
+    assert "server/bytes-received" not in tags  # non-finite values are not written
+
+    def series(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, e.value) for e in events.Scalars(tag)]
+
+    assert series("evaluate/accuracy") == [(1, 0.25), (3, 0.75)]
+    steps, values = zip(*series("train/loss"), strict=True)
+    assert steps == (1, 2, 3)
+    assert values == pytest.approx([1.0, 0.5, 1 / 3])  # stored as float32
+    assert series("server/bytes-sent") == [(1, 1000.0), (2, 2000.0), (3, 3000.0)]
+    # without the key nothing is written
+    plain = _recorder(tmp_path / "plain")
+    plain.record(RoundRecord(round=1, seconds=1.0))
+    assert not (tmp_path / "plain" / TENSORBOARD_DIR).exists()

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats
 
+from fedpers.results import read_clients, read_rounds, read_summary
 from simulations import fedrep_images, fedrep_linear
 
 pytestmark = pytest.mark.flower
@@ -48,16 +51,50 @@ def test_new_clients_need_few_samples_with_the_fedrep_representation(
 
 def test_image_table_quick(tmp_path: Path) -> None:
     out = tmp_path / "images"
-    summary = fedrep_images.main(["--out", str(out), "--quick"])
+    summary = fedrep_images.main(["--out", str(out), "--quick", "--seeds", "2"])
     final = summary["final_accuracy"]
-    assert set(final) == set(fedrep_images.methods())
+    methods = fedrep_images.methods()
+    assert set(final) == set(methods)
+    assert summary["seeds"] == [0, 1]
     assert all(0.0 <= v <= 1.0 for v in final.values())
     assert final["fedrep"] > 0.2
     # Fine-tuning the head on a client's 2 classes helps even after 4 rounds.
     assert final["fedavg-ft"] > final["fedavg"] + 0.1
+    for m in methods:
+        runs = [read_summary(out / "runs" / f"{m}-seed{s}") for s in (0, 1)]
+        key = "final_accuracy" if m != "fedavg" else "final_accuracy_before_finetune"
+        per_seed = [r[key] for r in runs]
+        # Oracles: the run summaries, numpy and scipy
+        assert summary["per_seed"][m] == per_seed
+        assert final[m] == pytest.approx(np.mean(per_seed), rel=1e-12)
+        assert summary["final_accuracy_std"][m] == pytest.approx(np.std(per_seed, ddof=1))
+        low, high = stats.t.interval(0.95, 1, loc=np.mean(per_seed), scale=stats.sem(per_seed))
+        assert summary["final_accuracy_ci95"][m] == pytest.approx([low, high])
+        clients = summary["per_client"][m]
+        assert len(clients) == 20  # every client of the first seed
+        assert summary["client_p10"][m] == pytest.approx(np.percentile(list(clients.values()), 10))
+        assert summary["megabytes_total"][m] >= 0
+    # the last evaluated round's per-client accuracies average to the run's last figure
+    rounds = read_rounds(out / "runs" / "fedrep-seed0")
+    rows = read_clients(out / "runs" / "fedrep-seed0")
+    last = rows[-1]["clients"]
+    weights = np.array([v["num-examples"] for v in last.values()])
+    values = np.array([v["accuracy"] for v in last.values()])
+    assert float(weights @ values / weights.sum()) == pytest.approx(
+        rounds[-1].evaluate["accuracy"], rel=1e-12
+    )
+    # FedRep sends only its body; Local sends nothing to train
+    assert summary["megabytes_total"]["local"] < summary["megabytes_total"]["fedrep"]
+    assert summary["megabytes_total"]["fedrep"] < summary["megabytes_total"]["fedavg"]
     table = (out / "table.md").read_text()
-    assert all(f"| {m} |" in table for m in fedrep_images.methods())
-    assert (out / "accuracy.png").stat().st_size > 1000
+    assert all(f"| {m} |" in table for m in methods)
+    assert " ± " in table
+    assert "95% interval" in table
+    for plot in ("accuracy.png", "clients.png"):
+        assert (out / plot).stat().st_size > 1000
+    log = (out / "runs" / "fedrep-seed0" / "flower.log").read_text()
+    assert "\x1b[" not in log
+    assert "accuracy nan" not in log
 
 
 def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:

@@ -1,0 +1,65 @@
+"""simulations.tune through Flower, and a federation smaller than num-clients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpers.config import load_run_config
+from fedpers.data.client import client_data
+from fedpers.results import read_clients, read_config, read_summary
+from simulations import tune
+from simulations.launch import FlowerRunError, LocalSimulation
+
+pytestmark = pytest.mark.flower
+
+
+def test_tune_scores_each_value_on_validation_and_records_the_choice(tmp_path: Path) -> None:
+    base = "algorithm='fedrep' dataset='digits' num-clients=6 num-rounds=3 final-rounds=2"
+    summary = tune.main(
+        ["--out", str(tmp_path), "--key", "lr", "--values", "0.001,0.05", "--run-config", base]
+    )
+    assert summary["split"] == "validation"
+    assert summary["values"] == [0.001, 0.05]
+    scores = {}
+    for value in ("0.001", "0.05"):
+        directory = tmp_path / "runs" / f"lr-{value}-seed0"
+        config = read_config(directory)
+        assert config["evaluate-split"] == "validation"
+        assert config["lr"] == float(value)
+        scores[value] = read_summary(directory)["final_accuracy"]
+        # every evaluation counted the clients' validation samples, not their test samples
+        run = load_run_config({k: v for k, v in config.items() if k not in ("run-name",)})
+        sizes = {str(p): len(client_data(run, p).y_test) for p in range(6)}
+        test = load_run_config({**config, "evaluate-split": "test"})
+        assert sizes != {str(p): len(client_data(test, p).y_test) for p in range(6)}
+        last = read_clients(directory)[-1]["clients"]
+        assert {p: int(v["num-examples"]) for p, v in last.items()} == sizes
+    assert summary["score"] == pytest.approx(scores)
+    best = max(scores, key=lambda v: scores[v])
+    assert summary["chosen"] == float(best)
+    assert json.loads((tmp_path / "summary.json").read_text())["chosen"] == float(best)
+    assert np.isfinite(list(summary["score"].values())).all()
+    assert (tmp_path / "tune.png").stat().st_size > 1000
+
+
+def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(tmp_path: Path) -> None:
+    overrides = {
+        "algorithm": "fedavg",
+        "dataset": "digits",
+        "num-clients": 5,
+        "num-rounds": 1,
+        "results-dir": str(tmp_path),
+        "run-name": "short",
+    }
+    with LocalSimulation() as simulation, pytest.raises(FlowerRunError) as error:
+        simulation.run(overrides, num_supernodes=2)
+    # the 5 s settle check, not the 120 s node-wait timeout ("within 120 s")
+    assert "this simulation has 2 virtual nodes" in str(error.value)
+    assert "num-supernodes=5" in str(error.value)
+    failure = json.loads((tmp_path / "short" / "failure.json").read_text())
+    assert "num-supernodes=5" in failure["reason"]
+    assert "\x1b[" not in failure["reason"]
