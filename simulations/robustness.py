@@ -345,7 +345,8 @@ def _attack_table(
     runs: list[dict[str, Any]], directories: list[Path | None]
 ) -> dict[str, dict[str, Any]]:
     """Final accuracy of every attack run by algorithm, attack and aggregation: the mean
-    over seeds (each seed's in ``per_seed``, the std in ``std``). A run that an attack
+    over seeds (each seed's in ``per_seed``, the std in ``std``, the 95% interval in
+    ``ci95``). A run that an attack
     drove to a stop (every reply rejected, fewer than min-replies) counts with the mean
     of its last evaluated rounds, and is listed under ``stopped`` (by seed)."""
     table: dict[str, dict[str, Any]] = {}
@@ -370,6 +371,7 @@ def _attack_table(
         stats: dict[str, Any] = {}
         add_statistics(stats, "accuracy", entry["per_seed"])
         entry["std"] = stats["accuracy_std"]
+        entry["ci95"] = stats["accuracy_ci95"]
         for attack, by_aggregation in stats["accuracy"].items():
             if attack == "clean":
                 entry["clean_by_aggregation"] = by_aggregation

@@ -8,13 +8,22 @@ by 1/8 for the 8x8 digits: 8 to 32) on the class-overlap graph of density 0.4, 1
 the digits held out as pilots, s in 0.5 ... 0.9, every value the mean over the seeds.
 Each round every agent trains 3 local epochs (about 6 SGD steps on its ~86 samples;
 calibrated so that the lambda = 0 baseline reaches the ~90% private accuracy of the
-reference loop), 60 rounds. lambda = 0.3: in-process runs at s = 0.9 over 3 seeds gave
-communication accuracy 0.566 (lambda 0.1) and 0.576 (0.3) against 0.551 for the
-pilot-whitened baseline, with private accuracy within 0.5 point.
+reference loop), 60 rounds. lambda = 0.1, chosen on the agents' validation splits
+(never their test splits) at s = 0.9 over seeds 0-2 by
+
+    python -m simulations.tune --key sheaf-lambda --values 0.01,0.1,0.3,1 \
+        --metric communication_accuracy.pilots --run-config conf/sheaf_figure2.toml \
+        --seeds 3 --out DIR
+
+which gave validation communication accuracy 0.540 / 0.5465 / 0.5464 / 0.543 for
+lambda 0.01 / 0.1 / 0.3 / 1 (std over seeds 0.010-0.017 except at 1): the best two
+are tied within noise, and the highest mean decides. (The default was 0.3 before,
+chosen on test figures.)
 
 Writes DIR/summary.json ``{"private_accuracy": {METHOD: {S: v}},
 "communication_accuracy": {METHOD: {S: v}}, "bytes_per_round": {METHOD: v}}`` (S as
-"0.9"), DIR/table.md, DIR/accuracy.png and the runs under DIR/runs/.
+"0.9"; each accuracy with ``_std``, ``_ci95``, ``_per_seed``), DIR/table.md,
+DIR/accuracy.png and the runs under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from simulations.common import add_key_flags, output_parser, settings
 from simulations.sheaf_common import TRAINING, report, run_grid
 
 SHIFTS = (0.5, 0.6, 0.7, 0.8, 0.9)
-LAMBDA = 0.3  # chosen on validation: see the module docstring
+LAMBDA = 0.1  # chosen on validation: see the module docstring
 
 
 SETTINGS: dict[str, Any] = {
