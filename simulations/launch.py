@@ -188,9 +188,18 @@ class LocalSimulation:
             # The SuperLink leads its own session and process group.
             stop_process_group(self.process.pid, grace=grace, reap=self.process.poll)
             self.process = None
-        for pid in processes_with_home(self.home):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Until none is left: a process SIGKILLed a moment ago may not have exited yet,
+        # and a dying Ray may still start one (seen once on a loaded machine).
+        deadline = time.monotonic() + 15.0
+        while (left := processes_with_home(self.home)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if left:
+            logger.warning(
+                "processes %s with FLWR_HOME=%s outlived 15 s of SIGKILL", left, self.home
+            )
         if self._log is not None:
             self._log.close()
             self._log = None
