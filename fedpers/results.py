@@ -377,14 +377,16 @@ def plot_rounds(
 
     if log_scale is None:
         log_scale = "distance" in metric or "loss" in metric
+    percent = "accuracy" in metric  # in %, as the tables
+    scale = 100.0 if percent else 1.0
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
     for label, records in runs:
-        points = [(r.round, metric_value(r, metric)) for r in records]
+        points = [(r.round, scale * metric_value(r, metric)) for r in records]
         points = [(x, y) for x, y in points if not math.isnan(y)]
         if points:
             axes.plot(*zip(*points, strict=True), label=label)
     axes.set_xlabel("round")
-    axes.set_ylabel(metric.split(".", 1)[-1])
+    axes.set_ylabel(metric.split(".", 1)[-1] + (" (%)" if percent else ""))
     if log_scale:
         axes.set_yscale("log")
     if title:
