@@ -200,7 +200,7 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 raise SystemExit(
                     f"error: --run-config {item}: '{key}' is not a run-config key{hint} "
-                    "(python -m fedpers.config --help lists them)"
+                    "(python -m fedpers.config markdown lists them)"
                 )
         values.update(given)
     return values

@@ -214,3 +214,19 @@ def test_client_errors_become_one_clean_line() -> None:
     assert one_line("x" * 1000, limit=50) == "x" * 47 + "..."
     assert one_line(None) == ""
     assert strip_ansi("\x1b[92mINFO \x1b[0m: ok\x1b[?25h") == "INFO : ok"
+
+
+def test_check_names_a_bad_key_and_prints_a_good_configuration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from simulations import check
+
+    table2 = str(conf.CONF / "fedgmm_table2.toml")
+    assert check.main(["--run-config", table2, "--run-config", "lr=2.0"]) == 0
+    out = capsys.readouterr().out
+    assert "lr = 2.0\n" in out
+    assert 'num-supernodes=300"' in out
+    assert check.main(["--run-config", "algorithm='fedrep' num-round=3"]) == 1
+    assert "did you mean 'num-rounds'" in capsys.readouterr().err
+    assert check.main(["--run-config", "num-rounds=0"]) == 1
+    assert "'num-rounds'" in capsys.readouterr().err
