@@ -15,6 +15,7 @@ from simulations.common import (
     interval,
     markdown_table,
     parallelism,
+    percentile,
     prepare_output,
     resources,
     seeds_note,
@@ -53,7 +54,9 @@ def run_grid(
 
     Returns the summary ``{"private_accuracy": {METHOD: {V: mean over seeds}},
     "communication_accuracy": {...}, "bytes_per_round": {METHOD: v}}``, each accuracy
-    with ``_std``, ``_ci95`` and ``_per_seed`` of the same nesting, and ``seeds``.
+    with ``_std``, ``_ci95`` and ``_per_seed`` of the same nesting, and ``seeds``;
+    ``per_client[ALGORITHM][V]`` (each agent's private accuracy, first seed) and
+    ``client_p10`` (its 10th percentile over agents).
     ``non-cooperative`` and ``non-cooperative-pilots`` are the same trained models,
     aligned after training with whitening fitted on training latents (the paper's
     baseline) or on the pilots (as Sheaf-FRL does).
@@ -83,8 +86,11 @@ def run_grid(
     private: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     communication: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     bytes_per_round: dict[str, list[float]] = {m: [] for m in METHODS}
-    for (value, _, algorithm), directory in zip(keys, directories, strict=True):
+    agents: dict[str, dict[str, dict[str, float]]] = {"sheaf-frl": {}, "non-cooperative": {}}
+    for (value, seed, algorithm), directory in zip(keys, directories, strict=True):
         summary = read_summary(directory)
+        if seed == seeds[0]:
+            agents[algorithm][str(value)] = summary.get("agent_private_accuracy", {})
         reached = summary["communication_accuracy"]
         entries = (
             [("sheaf-frl", reached["pilots"])]
@@ -102,6 +108,12 @@ def run_grid(
     add_statistics(result, "private_accuracy", private)
     add_statistics(result, "communication_accuracy", communication)
     result["bytes_per_round"] = {m: float(np.mean(v)) for m, v in bytes_per_round.items()}
+    # each agent's private accuracy (first seed) and its 10th percentile over agents
+    result["per_client"] = agents
+    result["client_p10"] = {
+        m: {v: percentile(list(by.values()), 10) for v, by in values_.items()}
+        for m, values_ in agents.items()
+    }
     result["settings"] = values
     write_summary(args.out.expanduser().resolve(), result)
     return result

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simulations import sheaf_bottleneck, sheaf_shift
@@ -23,6 +25,11 @@ def test_shift_quick(tmp_path: Path) -> None:
     assert private["sheaf-frl"]["0.9"] >= private["non-cooperative"]["0.9"] - 0.05
     assert summary["bytes_per_round"]["sheaf-frl"] > 0
     assert summary["bytes_per_round"]["non-cooperative"] == 0
+    agents = summary["per_client"]["sheaf-frl"]["0.9"]
+    assert len(agents) == 15
+    expected = np.percentile(list(agents.values()), 10)
+    assert summary["client_p10"]["sheaf-frl"]["0.9"] == pytest.approx(expected)
+    assert math.isnan(summary["private_accuracy_std"]["sheaf-frl"]["0.9"])  # one seed
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
 
 
