@@ -220,10 +220,11 @@ class RayCluster:
 
     def pids(self) -> list[int]:
         """Every live process this cluster started: those with its marker, and those
-        with one of its temp directories (Ray starts its dashboard and runtime-env agents
-        without the marker but with ``RAY_TMPDIR``)."""
+        with one of its temp directories or its FLWR_HOME (Ray starts its dashboard and
+        runtime-env agents without the marker, some with ``RAY_TMPDIR``, some, seen
+        after a CI run, with only the ``FLWR_HOME`` of this cluster)."""
         tmp = [("RAY_TMPDIR", str(directory)) for directory in self.tmp.values()]
-        return processes_with_env(MARKER, self.id, *tmp)
+        return processes_with_env(MARKER, self.id, ("FLWR_HOME", str(self.home)), *tmp)
 
     def stop(self, grace: float = 10.0) -> None:
         """End every process of this cluster by PID (SIGTERM, then SIGKILL after
