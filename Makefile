@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest cluster-test clean
+.PHONY: install run test lint typecheck pytest cluster-test deploy-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ test: lint typecheck pytest
 # against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.
 cluster-test: $(STAMP)
 	$(BIN)/python -m pytest -m cluster tests/deployment/test_ray_cluster.py
+
+# The Docker deployment: installs Docker if needed, builds both images, brings up
+# docker-compose (SuperLink, Fleet proxy, 3 SuperNodes) and checks it. As root; about
+# 15 minutes from a cold cache. .ci/run runs it after `make test`.
+deploy-test: $(STAMP)
+	docker/deploy-test.sh
 
 clean:
 	rm -rf .flwr .ray .mypy_cache .ruff_cache .pytest_cache

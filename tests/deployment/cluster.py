@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +59,7 @@ class Hosts:
         self.host_address = "127.0.0.1"
         self.isolated = False
         self.reason = ""
+        self.forward_rule: list[str] = []
         try:
             self._create()
             self.isolated = True
@@ -70,6 +72,7 @@ class Hosts:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+        self._allow_forwarding()
         self.host_address = f"{self.subnet}.1"
         for index, name in enumerate(self.names):
             namespace = f"{self.prefix}-{index}"
@@ -85,6 +88,22 @@ class Hosts:
             _ip("netns", "exec", namespace, "ip", "link", "set", inside, "up")
             _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
             self.addresses[name] = address
+
+    def _allow_forwarding(self) -> None:
+        """Let the bridge forward between its own ports whatever the FORWARD policy is.
+
+        A running Docker daemon sets the iptables FORWARD policy to DROP and turns on
+        ``bridge-nf-call-iptables``, which filters the frames between our namespaces. One
+        ACCEPT rule for this bridge alone, first in FORWARD, is removed on ``close``, so the
+        firewall is left as it was found (and nothing outside the test's subnet is opened).
+        """
+        iptables = shutil.which("iptables")
+        if iptables is None:
+            return  # no iptables: no filter on bridged frames can be set either
+        rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+        subprocess.run([iptables, "-w", "5", "-I", *rule[:1], "1", *rule[1:]], check=True,
+                       capture_output=True, text=True)  # fmt: skip
+        self.forward_rule = [iptables, "-w", "5", "-D", *rule]
 
     def wrap(self, name: str, command: list[str]) -> list[str]:
         """``command`` run inside ``name``'s namespace (unchanged on loopback)."""
@@ -107,6 +126,9 @@ class Hosts:
             with contextlib.suppress(subprocess.CalledProcessError):
                 _ip("netns", "del", namespace)
         self.namespaces = {}
+        if self.forward_rule:
+            subprocess.run(self.forward_rule, capture_output=True, check=False)
+            self.forward_rule = []
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("link", "del", self.bridge)
 
@@ -135,7 +157,9 @@ class Cluster:
         self.cli_home = work / "cli"
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(
-            self.topology.connection_toml(self.superlink_address, str(self.credentials / "ca.crt"))
+            self.topology.connection_toml(
+                self.superlink_address, str(self.credentials / "operator" / "ca.crt")
+            )
         )
 
     # ------------------------------------------------------------------ processes
@@ -169,7 +193,7 @@ class Cluster:
         self.start(
             "superlink",
             self.topology.superlink_args(
-                str(self.credentials),
+                str(self.credentials / "superlink"),
                 str(self.work / "superlink" / "state.db"),
                 host=host,
                 port=self.port,
@@ -191,12 +215,12 @@ class Cluster:
             f"node{index}",
             self.topology.supernode_args(
                 partition,
-                credentials=str(self.credentials),
+                credentials=str(self.credentials / f"node{index}"),
                 superlink=self.superlink_address,
                 num_nodes=self.nodes,
                 state_dir=str(self.work / "device-state" / f"node{partition}"),
                 port=port,
-                key=key or str(self.credentials / f"node{index}"),
+                key=key or str(self.credentials / f"node{index}" / f"node{index}"),
             ),
         )
 
@@ -213,7 +237,8 @@ class Cluster:
 
     def register(self, index: int) -> int:
         """Register node ``index``'s public key with the SuperLink; return its node id."""
-        args = self.topology.register_args(str(self.credentials / f"node{index}.pub"))[1:]
+        public = self.credentials / "operator" / "nodes" / f"node{index}.pub"
+        args = self.topology.register_args(str(public))[1:]
         result = self.cli(*args, "--format", "json")
         if result.returncode != 0:
             raise RuntimeError(f"registering node{index} failed:\n{result.stdout}\n{result.stderr}")
@@ -251,7 +276,9 @@ class Cluster:
 
         scheme = "https" if tls else "http"
         context = (
-            ssl.create_default_context(cafile=str(self.credentials / "ca.crt")) if tls else None
+            ssl.create_default_context(cafile=str(self.credentials / "operator" / "ca.crt"))
+            if tls
+            else None
         )
         try:
             url = f"{scheme}://{self.superlink_address}/health"

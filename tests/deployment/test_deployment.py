@@ -11,6 +11,7 @@ strategy maps its new node id back to its partition, and it takes part in round 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -44,6 +45,7 @@ REFUSED = "No SuperNode found with the given public key"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("deployment")
+    firewall = _firewall()
     deployment = Cluster(work, nodes=NODES, extra_keys=2)  # node3: unregistered; node4: spare
     try:
         if not deployment.hosts.isolated:
@@ -63,6 +65,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert deployment.hosts.prefix not in namespaces
         for process in deployment.processes.values():
             assert process.poll() is not None
+        assert _firewall() == firewall  # rules, policies and bridge sysctls as found
 
 
 def test_members_have_their_own_addresses(cluster: Cluster) -> None:
@@ -129,7 +132,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     cluster.kill("node2")  # round 3 starts without it
     spare = NODES + 1  # node4: the key of the replaced device
     cluster.replace_identity(2, spare)
-    cluster.start_supernode(2, key=str(cluster.credentials / f"node{spare}"))
+    cluster.start_supernode(2, key=str(cluster.credentials / f"node{spare}" / f"node{spare}"))
     run.join(timeout=300)
     twin.join(timeout=120)
     assert outcome["run"].returncode == 0, outcome["run"].stdout[-3000:] + outcome["run"].stderr
@@ -171,16 +174,27 @@ def test_compose_file_is_generated_from_the_topology() -> None:
     import yaml
 
     services = yaml.safe_load(compose)["services"]
-    assert set(services) == {
-        "superlink",
-        "register",
-        *[f"supernode-{i}" for i in range(topology.NODES)],
-    }
-    port = topology.SUPERLINK_PORT
-    assert services["superlink"]["ports"] == [f"{port}:{port}"]
+    nodes = [f"supernode-{i}" for i in range(topology.NODES)]
+    assert set(services) == {"superlink", "fleet", "register", *nodes}
+    port, proxy = topology.SUPERLINK_PORT, topology.PROXY_PORT
+    # All the SuperLink's APIs on the operator's loopback only; devices get the proxy.
+    assert services["superlink"]["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert services["fleet"]["ports"] == [f"${{FEDPERS_FLEET_PUBLISH:-0.0.0.0}}:{proxy}:{proxy}"]
+    assert services["superlink"]["networks"] == ["operator"]
     assert services["superlink"]["command"][-2:] == ["exec", "superlink"]
-    for index in range(topology.NODES):
-        assert services[f"supernode-{index}"]["command"][-3:] == ["exec", "supernode", str(index)]
+    # Each container mounts its own credentials folder (credentials.py), never ca/.
+    assert "./credentials/superlink:/credentials:ro" in services["superlink"]["volumes"]
+    assert "./credentials/proxy:/credentials:ro" in services["fleet"]["volumes"]
+    assert "./credentials/operator:/credentials:ro" in services["register"]["volumes"]
+    for index, name in enumerate(nodes):
+        service = services[name]
+        assert service["command"][-3:] == ["exec", "supernode", str(index)]
+        assert service["networks"] == ["devices"]
+        assert f"./credentials/node{index}:/credentials:ro" in service["volumes"]
+        assert f"FEDPERS_SUPERLINK=fleet:{proxy}" in service["environment"]
+        assert service["restart"] == "unless-stopped"
+        assert "healthcheck" in service
+    assert "./credentials/ca" not in compose
     flags = topology.superlink_args("/c", "/d")
     for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth"):
         assert flag in flags
@@ -190,6 +204,18 @@ def test_compose_file_is_generated_from_the_topology() -> None:
     )
     assert node[node.index("--node-config") + 1] == "partition-id=1 num-partitions=3 state-dir='/s'"
     assert node[node.index("--auth-supernode-private-key") + 1] == "/c/node1"
+
+
+def _firewall() -> tuple[str, str]:
+    """The iptables rules and the bridge-netfilter sysctl, to compare before and after."""
+    iptables = shutil.which("iptables")
+    rules = (
+        subprocess.run([iptables, "-w", "5", "-S"], capture_output=True, text=True).stdout
+        if iptables
+        else ""
+    )
+    sysctl = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+    return rules, sysctl.read_text() if sysctl.exists() else ""
 
 
 def _toml(value: object) -> str:

@@ -1,0 +1,255 @@
+"""The Docker deployment for real: images, docker-compose, a locked-down SuperLink.
+
+Run by ``make deploy-test`` (which installs Docker, builds the images and writes the
+summary); skipped where no Docker daemon answers. One compose project: a SuperLink
+(published on the operator's 127.0.0.1 only), the Fleet proxy that is the devices' only
+way in, a registration job and three SuperNodes, each container non-root with only its
+own secrets.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpers.results import read_rounds
+from simulations.launch import LocalSimulation
+from tests.deployment.compose import Compose, docker
+
+pytestmark = pytest.mark.docker
+
+NODES = 3
+RUN: dict[str, object] = {
+    "algorithm": "fedrep",
+    "dataset": "digits",
+    "num-clients": NODES,
+    "fraction-train": 1.0,
+    "round-timeout": 40.0,
+    "results-dir": "/results",
+}
+SUMMARY = os.environ.get("FEDPERS_DEPLOY_SUMMARY", "")
+
+
+def _docker_answers() -> bool:
+    try:
+        return docker("info", timeout=20).returncode == 0
+    except (OSError, TimeoutError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
+    if not _docker_answers():
+        pytest.skip("no Docker daemon answers (make deploy-test starts one)")
+    work = tmp_path_factory.mktemp("compose")
+    project = Compose(
+        work, nodes=NODES, isolation=os.environ.get("FEDPERS_ISOLATION", "subprocess")
+    )
+    try:
+        project.up()
+        yield project
+    finally:
+        project.close()
+        left = docker("ps", "-a", "--filter", f"name={project.project}_", "-q").stdout
+        assert not left.strip()
+
+
+def _record(key: str, value: object) -> None:
+    """Add a figure to the summary make deploy-test prints."""
+    if not SUMMARY:
+        return
+    path = Path(SUMMARY)
+    found = json.loads(path.read_text()) if path.exists() else {}
+    found[key] = value
+    path.write_text(json.dumps(found, indent=2))
+
+
+def _simulate(values: dict[str, object], results: Path) -> Path:
+    with LocalSimulation(echo=lambda line: None) as simulation:
+        return simulation.run({**values, "results-dir": str(results)})
+
+
+def _same_metrics(ours: list, theirs: list) -> None:  # type: ignore[type-arg]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.round == other.round
+        for section in ("train", "evaluate"):
+            a, b = getattr(mine, section), getattr(other, section)
+            assert set(a) == set(b)
+            for key in a:
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12)
+
+
+def test_containers_are_non_root_and_hold_only_their_own_secrets(deployment: Compose) -> None:
+    services = ["superlink", "fleet", *[f"supernode-{i}" for i in range(NODES)]]
+    for service in services:
+        info = deployment.inspect(service)
+        assert info["Config"]["User"] == "fedpers", service
+        assert info["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped", service
+        assert "Healthcheck" in info["Config"], service
+        ran = docker("exec", deployment.container(service), "sh", "-c", "id -u; ls /credentials")
+        uid, *files = ran.stdout.split()
+        assert uid == "10001", service
+        expected = {
+            "superlink": {"ca.crt", "nodes", "server.key", "server.pem"},
+            "fleet": {"ca.crt", "proxy.key", "proxy.pem"},
+        }.get(service)
+        if expected is None:
+            index = service.rsplit("-", 1)[1]
+            expected = {"ca.crt", f"node{index}", f"node{index}.pub"}
+        assert set(files) == expected, service
+        found = docker("exec", deployment.container(service), "sh", "-c",
+                       "find / -xdev -name 'ca.key' 2>/dev/null")  # fmt: skip
+        assert found.stdout.strip() == "", service
+    ports = deployment.inspect("superlink")["HostConfig"]["PortBindings"]
+    assert ports == {"9091/tcp": [{"HostIp": "127.0.0.1", "HostPort": "9091"}]}
+
+
+def test_devices_reach_the_fleet_api_only(deployment: Compose) -> None:
+    """From the device network the Control and Runtime APIs are refused, Fleet passes."""
+    probe = r"""
+import json, socket, ssl, sys, urllib.request, urllib.error
+ctx = ssl.create_default_context(cafile="/credentials/ca.crt")
+out = {}
+def status(url, data=None):
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
+                                     headers={"Content-Type": "application/protobuf"})
+    try:
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+for name, url, data in [
+    ("health", "https://fleet:9092/health", None),
+    ("control_register", "https://fleet:9092/v1/control/register-node", b""),
+    ("control_list_runs", "https://fleet:9092/v1/control/list-runs", b""),
+    ("control_start_run", "https://fleet:9092/v1/control/start-run", b""),
+    ("runtime", "https://fleet:9092/v1/runtime/get-run", b""),
+    ("fleet", "https://fleet:9092/v1/fleet/pull-messages", b""),
+]:
+    out[name] = status(url, data)
+try:
+    socket.create_connection(("superlink", 9091), timeout=5).close()
+    out["superlink_direct"] = "reached"
+except OSError as e:
+    out["superlink_direct"] = type(e).__name__
+print(json.dumps(out))
+"""
+    ran = docker(
+        "run", "--rm", "--network", deployment.network("devices"),
+        "-v", f"{deployment.credentials / 'node0' / 'ca.crt'}:/credentials/ca.crt:ro",
+        "--entrypoint", "python", deployment.topology.IMAGE_DEVICE, "-c", probe,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.strip().splitlines()[-1])
+    _record("device_network_probe", seen)
+    assert seen["health"] == 200
+    for key in ("control_register", "control_list_runs", "control_start_run", "runtime"):
+        assert seen[key] == 403, seen
+    assert seen["fleet"] not in (403, 404), seen  # reached the SuperLink's Fleet API
+    assert seen["superlink_direct"] != "reached", seen  # not on the devices' network
+    # The operator's side: the Control API answers (list the runs).
+    listed = deployment.cli("ls", deployment.topology.CONNECTION, "--format", "json", timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+
+
+def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path) -> None:
+    values = {**RUN, "num-rounds": 3, "run-name": "deployed"}
+    twin: dict[str, Path] = {}
+    thread = threading.Thread(
+        target=lambda: twin.setdefault(
+            "dir", _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")
+        )
+    )
+    thread.start()
+    result = deployment.run(values)
+    thread.join(timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    deployed = read_rounds(deployment.results / "deployed")
+    assert [r.round for r in deployed] == [1, 2, 3]
+    assert all(r.replies == NODES and r.failures == 0 for r in deployed)
+    _same_metrics(deployed, read_rounds(twin["dir"]))
+    steady = deployed[1:]
+    _record(
+        "deployed_round_seconds",
+        {
+            "isolation": deployment.env["FEDPERS_ISOLATION"],
+            "round": float(np.mean([r.seconds for r in steady])),
+            "train": float(np.mean([r.train_seconds for r in steady])),
+            "evaluate": float(np.mean([r.evaluate_seconds for r in steady])),
+            "first_round": deployed[0].seconds,
+        },
+    )
+
+
+def test_killed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) -> None:
+    values = {**RUN, "num-rounds": 9, "run-name": "killed"}
+    outcome: dict[str, object] = {}
+    run = threading.Thread(target=lambda: outcome.setdefault("run", deployment.run(values)))
+    run.start()
+    rounds = deployment.results / "killed" / "rounds.jsonl"
+    _wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 2, 300)
+    killed_at = time.monotonic()
+    assert docker("kill", deployment.container("supernode-2")).returncode == 0
+    deployment.wait_healthy(["supernode-2"], 120)  # restarted by its restart policy
+    back = time.monotonic() - killed_at
+    run.join(timeout=600)
+    result = outcome["run"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # type: ignore[attr-defined]
+    assert deployment.inspect("supernode-2")["RestartCount"] >= 1
+    records = read_rounds(deployment.results / "killed")
+    assert [r.round for r in records] == list(range(1, 10))
+    missing = [r.round for r in records if r.replies < NODES]
+    assert missing, "the killed node never missed a round"
+    assert all(r.failures == NODES - r.replies for r in records)
+    rejoined = [r.round for r in records if r.round > max(missing) and r.replies == NODES]
+    assert rejoined, f"node 2 never came back (rounds without it: {missing})"
+    # Its personal head came back from its volume: rounds-trained never restarts at 1.
+    states = deployment.volume_files("supernode-2-state", "killed-*-partition-2-round-*.npz")
+    counts = []
+    for name in sorted(states, key=lambda n: int(n.rsplit("-", 1)[1].split(".")[0])):
+        with np.load(io.BytesIO(states[name])) as stored:
+            configs = str(stored["__configs__"])
+        counts.append(int(re.search(r'"rounds-trained": (\d+)', configs).group(1)))  # type: ignore[union-attr]
+    assert counts == list(range(1, len(counts) + 1)), counts
+    assert len(counts) >= 3  # trained before the kill and after its return
+    _record(
+        "killed_supernode",
+        {
+            "rounds_without_it": missing,
+            "rejoined_round": rejoined[0],
+            "healthy_again_s": round(back, 1),
+            "restarts": deployment.inspect("supernode-2")["RestartCount"],
+        },
+    )
+
+
+def test_down_then_up_again_registration_is_idempotent(deployment: Compose) -> None:
+    down = deployment.compose("down", "--timeout", "10")  # volumes kept
+    assert down.returncode == 0, down.stderr
+    started = time.monotonic()
+    deployment.up(timeout=300)
+    register = deployment.compose("logs", "--no-color", "register").stdout
+    assert register.count("already registered") == NODES, register
+    values = {**RUN, "num-rounds": 1, "run-name": "again"}
+    result = deployment.run(values)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = read_rounds(deployment.results / "again")
+    assert records[0].replies == NODES
+    _record("down_up_seconds_to_healthy_and_one_round", round(time.monotonic() - started, 1))
+
+
+def _wait_for(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.5)
