@@ -14,7 +14,17 @@ cleanup() {
     if [[ -n "$started_daemon" ]]; then
         kill "$started_daemon" 2>/dev/null || true
         for _ in $(seq 30); do kill -0 "$started_daemon" 2>/dev/null || break; sleep 1; done
-        echo "stopped the Docker daemon this test started (pid $started_daemon)"
+        # dockerd leaves its chains, a DROP FORWARD policy and changed sysctls behind
+        iptables-restore < "$work/iptables.before" || true
+        for table in nat filter; do  # a table that was empty before: empty it again
+            grep -q "^\*$table" "$work/iptables.before" || { iptables -t $table -F; iptables -t $table -X; } || true
+        done
+        sysctl -q -w "net.ipv4.ip_forward=$(cat "$work/ip_forward.before")" || true
+        if [[ -s "$work/bridge_nf.before" ]]; then
+            sysctl -q -w "net.bridge.bridge-nf-call-iptables=$(cat "$work/bridge_nf.before")" || true
+        fi
+        [[ -e "$work/docker0.before" ]] || ip link del docker0 2>/dev/null || true
+        echo "stopped the Docker daemon this test started (pid $started_daemon); firewall restored"
     fi
     rm -rf "$work"
 }
@@ -33,6 +43,10 @@ if (( ${#missing[@]} )); then
 fi
 
 if ! $DOCKER info >/dev/null 2>&1; then
+    iptables-save > "$work/iptables.before"
+    if ip link show docker0 >/dev/null 2>&1; then touch "$work/docker0.before"; fi
+    sysctl -n net.ipv4.ip_forward > "$work/ip_forward.before"
+    sysctl -n net.bridge.bridge-nf-call-iptables > "$work/bridge_nf.before" 2>/dev/null || true
     dockerd --data-root /var/lib/docker-fedpers >"$work/dockerd.log" 2>&1 &
     started_daemon=$!
     for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && break; sleep 1; done

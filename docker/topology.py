@@ -19,7 +19,8 @@ network namespaces, so the two cannot drift apart (a test compares them).
 Paths and addresses come from the environment (defaults are the containers' paths):
 ``FEDPERS_CREDENTIALS`` (/credentials), ``FEDPERS_STATE`` (/state),
 ``FEDPERS_SUPERLINK`` (superlink:9091; the SuperNodes get fleet:9092), ``FEDPERS_NODES``
-(3), ``FEDPERS_ISOLATION`` (subprocess).
+(3), ``FEDPERS_ISOLATION`` (subprocess), ``FEDPERS_TRUSTED_ENTITIES`` (a SuperNode's
+``--trusted-entities`` file; unset by default).
 """
 
 from __future__ import annotations
@@ -80,8 +81,14 @@ def supernode_args(
     key: str | None = None,
     isolation: str = "subprocess",
     health: str | None = None,
+    trusted_entities: str | None = None,
 ) -> list[str]:
-    """SuperNode ``index``: its partition, its key, its state directory."""
+    """SuperNode ``index``: its partition, its key, its state directory.
+
+    ``trusted_entities``: a YAML file of app publishers' ed25519 keys; the node then runs
+    only apps signed by one of them. In Flower 1.42 signatures reach a SuperNode only with
+    apps fetched from Flower Hub, so such a node refuses every app sent by ``flwr run .``.
+    """
     node_config = f"partition-id={index} num-partitions={num_nodes} state-dir='{state_dir}'"
     command = [
         "flower-supernode",
@@ -95,12 +102,23 @@ def supernode_args(
     ]  # fmt: skip
     if health:
         command += ["--health-server-address", health]
+    if trusted_entities:
+        command += ["--trusted-entities", trusted_entities]
     return command
 
 
-def clientapp_args(port: int = NODE_RUNTIME_PORT) -> list[str]:
-    """The long-running ClientApp process of a SuperNode in ``--isolation process``."""
-    return ["flwr-clientapp", "--clientappio-api-address", f"127.0.0.1:{port}"]
+def superexec_args(port: int = NODE_RUNTIME_PORT) -> list[str]:
+    """What starts the ClientApps of a SuperNode in ``--isolation process``.
+
+    Flower 1.42 has no long-running ClientApp: ``flwr-clientapp`` needs a token per app
+    execution, so ``process`` isolation only moves the launcher (``flower-superexec``, which
+    ``subprocess`` isolation runs inside the SuperNode) into a process of its own; each
+    message still gets a fresh ClientApp process.
+    """
+    return [
+        "flower-superexec", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure",
+        "--executor", "subprocess",
+    ]  # fmt: skip
 
 
 def proxy_conf(upstream: str, credentials: str, *, port: int = PROXY_PORT,
@@ -345,10 +363,11 @@ def run_supernode(index: int) -> int:
         state_dir=state,
         isolation=isolation,
         health=f"127.0.0.1:{NODE_HEALTH_PORT}",
+        trusted_entities=os.environ.get("FEDPERS_TRUSTED_ENTITIES") or None,
     )
     started = time.monotonic()
     while True:
-        commands = [command] + ([clientapp_args()] if isolation == "process" else [])
+        commands = [command] + ([superexec_args()] if isolation == "process" else [])
         code = _supervise(commands)
         if code != CONNECTION_ERROR or time.monotonic() - started > 300:
             return code
@@ -413,15 +432,11 @@ def main(argv: list[str] | None = None) -> None:
     health_parser = commands.add_parser("health")
     health_parser.add_argument("role", choices=["superlink", "supernode", "proxy"])
     args = parser.parse_args(argv)
-    credentials, _state, superlink, nodes, isolation = _environment()
+    credentials, _state, superlink, nodes, _isolation = _environment()
     if args.command == "compose":
         sys.stdout.write(compose(args.nodes))
     elif args.command == "exec" and args.role == "superlink":
-        command = superlink_args(credentials, "/data/state.db", isolation=isolation)
-        if isolation == "process":
-            serverapp = ["flwr-serverapp", "--serverappio-api-address",
-                         f"127.0.0.1:{SUPERLINK_PORT}", "--insecure"]  # fmt: skip
-            sys.exit(_supervise([command, serverapp]))
+        command = superlink_args(credentials, "/data/state.db")  # ServerApp: subprocess
         os.execvp(command[0], command)
     elif args.command == "exec" and args.role == "supernode":
         sys.exit(run_supernode(args.index))
