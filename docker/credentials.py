@@ -88,6 +88,13 @@ def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
+def _key_usage(**allowed: bool) -> x509.KeyUsage:
+    """digitalSignature plus ``allowed`` (e.g. key_cert_sign=True); every other use off."""
+    uses = ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+            "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")  # fmt: skip
+    return x509.KeyUsage(digital_signature=True, **{u: allowed.get(u, False) for u in uses})
+
+
 def _check_days(days: int) -> None:
     if not 1 <= days <= 3650:
         raise CredentialsError(f"--days {days}: give a lifetime of 1 to 3650 days")
@@ -107,17 +114,7 @@ def _issue_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(key_cert_sign=True, crl_sign=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
@@ -150,17 +147,7 @@ def _issue_server(
         .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(key_agreement=True),
             critical=True,
         )
         .add_extension(

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -315,6 +316,15 @@ class Cluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
         self.hosts.close()
+
+
+def wait_for(condition: Callable[[], object], timeout: float, step: float = 0.2) -> None:
+    """Poll ``condition`` until it is true; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met in {timeout} s")
+        time.sleep(step)
 
 
 def _free_port() -> int:

@@ -24,7 +24,7 @@ import pytest
 
 from fedpers.results import read_rounds, read_summary
 from simulations.launch import LocalSimulation
-from tests.deployment.cluster import PROJECT, Cluster, load_script
+from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 
 pytestmark = pytest.mark.flower
 
@@ -121,7 +121,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     run.start()
     rounds_file = results / "deployed" / "rounds.jsonl"
     failure = results / "deployed" / "failure.json"
-    _wait_for(
+    wait_for(
         lambda: (
             failure.exists()
             or (rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 2)
@@ -220,11 +220,3 @@ def _firewall() -> tuple[str, str]:
 
 def _toml(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
-
-
-def _wait_for(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.1)

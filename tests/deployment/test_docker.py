@@ -24,6 +24,7 @@ import pytest
 
 from fedpers.results import read_rounds
 from simulations.launch import LocalSimulation
+from tests.deployment.cluster import wait_for
 from tests.deployment.compose import Compose, docker
 
 pytestmark = pytest.mark.docker
@@ -197,7 +198,7 @@ def test_crashed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) 
     run = threading.Thread(target=lambda: outcome.setdefault("run", deployment.run(values)))
     run.start()
     rounds = deployment.results / "killed" / "rounds.jsonl"
-    _wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 2, 300)
+    wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 2, 300)
     killed_at = time.monotonic()
     # A crash: SIGKILL to the container's main process from the host, as an OOM kill or a
     # power cut would end it. (`docker kill` counts as a manual stop in Docker 20.10: the
@@ -260,7 +261,7 @@ def test_superlink_restart_then_resume_gives_the_uninterrupted_metrics(
     run = threading.Thread(target=lambda: outcome.setdefault("run", deployment.run(values)))
     run.start()
     rounds = deployment.results / "restarted" / "rounds.jsonl"
-    _wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 2, 300)
+    wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 2, 300)
     restarted_at = time.monotonic()
     assert docker("restart", "-t", "5", deployment.container("superlink")).returncode == 0
     run.join(timeout=300)
@@ -318,7 +319,7 @@ def test_a_node_with_trusted_entities_refuses_an_unsigned_app(
     )  # fmt: skip
     try:
         assert started.returncode == 0, started.stderr
-        _wait_for(lambda: _container_health(name) == "healthy", 180)
+        wait_for(lambda: _container_health(name) == "healthy", 180)
         result = deployment.run({**RUN, "num-rounds": 1, "run-name": "unsigned"})
         log = docker("logs", name).stdout + docker("logs", name).stderr
     finally:
@@ -354,11 +355,3 @@ def test_down_then_up_again_registration_is_idempotent(deployment: Compose) -> N
     records = read_rounds(deployment.results / "again")
     assert records[0].replies == NODES
     _record("down_up_seconds_to_healthy_and_one_round", round(time.monotonic() - started, 1))
-
-
-def _wait_for(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.5)
