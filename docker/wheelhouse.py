@@ -42,7 +42,8 @@ def lock(folder: Path) -> Path:
         found = WHEEL.match(wheel.name)
         if found is None:
             raise SystemExit(f"cannot read a name and version from {wheel.name}")
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        with wheel.open("rb") as handle:  # streamed: the torch and CUDA wheels are ~1 GB each
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
         name = found["name"].replace("_", "-").lower()
         lines.append(f"{name}=={found['version']} --hash=sha256:{digest}")
     if not lines:
