@@ -23,9 +23,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy reads modules from where their names say they are: .typecheck/fedpers is the
+# installed layout (fedpers/ with strategies/, clients/, simulations/ inside), made of
+# links to the checkout's files, so that errors name files that can be edited.
+TYPECHECK := .typecheck
 typecheck: $(STAMP)
-	$(BIN)/mypy
-	$(BIN)/mypy examples/server_momentum/fedpers_server_momentum.py
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/fedpers
+	for f in fedpers/*; do ln -s ../../$$f $(TYPECHECK)/fedpers/; done
+	for p in strategies clients simulations; do ln -s ../../$$p $(TYPECHECK)/fedpers/$$p; done
+	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml
+	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml \
+	    ../examples/server_momentum/fedpers_server_momentum.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
@@ -44,4 +52,4 @@ deploy-test: $(STAMP)
 	docker/deploy-test.sh
 
 clean:
-	rm -rf .flwr .ray .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .flwr .ray .typecheck .mypy_cache .ruff_cache .pytest_cache

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, adaptation_split, client_data

@@ -16,6 +16,15 @@ import functools
 from typing import Any
 
 import numpy as np
+from fedpers.clients import device_state, faults
+from fedpers.clients.common import (
+    Client,
+    MixtureInitializer,
+    MomentsSource,
+    PilotAgent,
+    SeedsModel,
+)
+from fedpers.clients.linear import TEST_SAMPLES as LINEAR_TEST_SAMPLES
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -29,15 +38,6 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients import device_state, faults
-from clients.common import (
-    Client,
-    MixtureInitializer,
-    MomentsSource,
-    PilotAgent,
-    SeedsModel,
-)
-from clients.linear import TEST_SAMPLES as LINEAR_TEST_SAMPLES
 from fedpers import protocol
 from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes

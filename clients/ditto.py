@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 
 import torch
+from fedpers.clients.base import PersonalizedClient
+from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.base import PersonalizedClient
-from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.models import load_part_arrays, part_arrays

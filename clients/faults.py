@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ConfigRecord, Message, MetricRecord
 
-from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.faults import Fault, parse_faults

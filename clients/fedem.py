@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fedpers.clients.base import TorchClient
+from fedpers.clients.common import Arrays, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch.nn import functional as F
 
-from clients.base import TorchClient
-from clients.common import Arrays, Metrics, config_float, config_int
 from fedpers import gmm, protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import adaptation_split

@@ -12,9 +12,9 @@ the exact federated M-step. ``pi_c`` never leaves the device.
 from __future__ import annotations
 
 import numpy as np
+from fedpers.clients.common import Arrays
+from fedpers.clients.fedem import FedEMClient
 
-from clients.common import Arrays
-from clients.fedem import FedEMClient
 from fedpers import gmm, protocol
 from fedpers.config import Embedding
 from fedpers.data.registry import DATASETS

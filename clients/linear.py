@@ -10,9 +10,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
+from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers import linear, protocol
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks

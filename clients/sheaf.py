@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fedpers.clients.base import TorchClient
+from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from clients.base import TorchClient
-from clients.common import Arrays, Metrics, config_int
 from fedpers import protocol, sheaf
 from fedpers.config import RunConfig, SheafVariant
 from fedpers.data.client import pilot_data

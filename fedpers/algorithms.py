@@ -157,8 +157,8 @@ class AlgorithmSpec:
     name: str
     family: Family
     shared: tuple[str, ...]
-    strategy: str = "strategies.base:FedpersStrategy"
-    client: str = "clients.base:PersonalizedClient"
+    strategy: str = "fedpers.strategies.base:FedpersStrategy"
+    client: str = "fedpers.clients.base:PersonalizedClient"
     phases: tuple[Phase, ...] = JOINT
     final_test: FinalTest = FinalTest.NONE
     settings: tuple[Setting, ...] = ()
@@ -206,9 +206,9 @@ def load(path: str) -> Any:
 
 
 _LINEAR_FEDREP = LinearVariant(
-    "strategies.fedrep:FedRepLinear", "clients.linear:LinearFedRepClient"
+    "fedpers.strategies.fedrep:FedRepLinear", "fedpers.clients.linear:LinearFedRepClient"
 )
-_SHEAF_CLIENT = "clients.sheaf:SheafClient"
+_SHEAF_CLIENT = "fedpers.clients.sheaf:SheafClient"
 _MIXTURE = "Marfoq et al., NeurIPS 2021"
 
 _BUILT_IN = (
@@ -256,7 +256,7 @@ _BUILT_IN = (
         name="ditto",
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,
-        client="clients.ditto:DittoClient",
+        client="fedpers.clients.ditto:DittoClient",
         personal_state=True,
         settings=(
             Setting(
@@ -281,7 +281,9 @@ _BUILT_IN = (
         name="fedsgd",
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,
-        linear=LinearVariant("strategies.fedsgd:FedSGD", "clients.linear:FedSGDClient"),
+        linear=LinearVariant(
+            "fedpers.strategies.fedsgd:FedSGD", "fedpers.clients.linear:FedSGDClient"
+        ),
         deep=False,
         paper="one global linear model (FedRep, Figures 3-4)",
     ),
@@ -289,8 +291,8 @@ _BUILT_IN = (
         name="fedem",
         family=Family.MIXTURE,
         shared=MODEL_PARTS,
-        strategy="strategies.fedem:FedEM",
-        client="clients.fedem:FedEMClient",
+        strategy="fedpers.strategies.fedem:FedEM",
+        client="fedpers.clients.fedem:FedEMClient",
         unseen=True,
         paper=_MIXTURE,
     ),
@@ -298,8 +300,8 @@ _BUILT_IN = (
         name="fedgmm",
         family=Family.MIXTURE,
         shared=MODEL_PARTS,
-        strategy="strategies.fedgmm:FedGMM",
-        client="clients.fedgmm:FedGMMClient",
+        strategy="fedpers.strategies.fedgmm:FedGMM",
+        client="fedpers.clients.fedgmm:FedGMMClient",
         unseen=True,
         paper="Wu et al., ICML 2023",
     ),
@@ -307,7 +309,7 @@ _BUILT_IN = (
         name="sheaf-frl",
         family=Family.SHEAF,
         shared=(),
-        strategy="strategies.peer_relay:PeerRelay",
+        strategy="fedpers.strategies.peer_relay:PeerRelay",
         client=_SHEAF_CLIENT,
         paper="Sheaf-FRL, 2026",
     ),
@@ -315,8 +317,8 @@ _BUILT_IN = (
         name="non-cooperative",
         family=Family.SHEAF,
         shared=(),
-        strategy="strategies.peer_relay:NonCooperative",
-        client="clients.sheaf:NonCooperativeClient",
+        strategy="fedpers.strategies.peer_relay:NonCooperative",
+        client="fedpers.clients.sheaf:NonCooperativeClient",
         paper="Sheaf-FRL's lambda = 0 baseline, aligned after training",
     ),
 )

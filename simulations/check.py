@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simulations.common import run_config_values, validate_runs
-from simulations.launch import resolved_config, to_toml
+from fedpers.simulations.common import run_config_values, validate_runs
+from fedpers.simulations.launch import resolved_config, to_toml
 
 
 def main(argv: list[str] | None = None) -> int:

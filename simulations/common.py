@@ -348,9 +348,10 @@ def parallelism(args: argparse.Namespace) -> int:
 def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
     """Validate every run config, and that its data can be read, before anything
     starts (clear error, no Flower or Ray start-up)."""
+    from fedpers.simulations.launch import resolved_config
+
     from fedpers.config import ConfigError
     from fedpers.data.sources import DatasetNotFound, check_data_source
-    from simulations.launch import resolved_config
 
     checked: set[tuple[str, str]] = set()
     for overrides in runs:
@@ -438,7 +439,7 @@ def run_methods(
     (default: itself); a method in ``shared`` takes the run of another method (FedAvg's
     numbers come from the FedAvg+FT run). Validates every run, and that ``--out`` may be
     written, before the SuperLink starts."""
-    from simulations.launch import LocalSimulation
+    from fedpers.simulations.launch import LocalSimulation
 
     root = args.out.expanduser().resolve() / "runs"
     algorithm = algorithm or {}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from simulations.launch import PROJECT, to_toml
+from fedpers.simulations.launch import PROJECT, to_toml
 
 CONF = PROJECT / "conf"
 
@@ -36,7 +36,7 @@ class Experiment:
 
 
 def _fedrep_table1() -> dict[str, Any]:
-    from simulations import fedrep_images
+    from fedpers.simulations import fedrep_images
 
     return {
         "algorithm": "fedrep",
@@ -46,7 +46,7 @@ def _fedrep_table1() -> dict[str, Any]:
 
 
 def _fedrep_figure3() -> dict[str, Any]:
-    from simulations import fedrep_linear
+    from fedpers.simulations import fedrep_linear
 
     return {
         **fedrep_linear.SETTINGS,
@@ -58,19 +58,19 @@ def _fedrep_figure3() -> dict[str, Any]:
 
 
 def _fedgmm_table2() -> dict[str, Any]:
-    from simulations import fedgmm_synthetic
+    from fedpers.simulations import fedgmm_synthetic
 
     return {**fedgmm_synthetic.SETTINGS, "algorithm": "fedgmm"}
 
 
 def _fedgmm_table3() -> dict[str, Any]:
-    from simulations import fedgmm_ood
+    from fedpers.simulations import fedgmm_ood
 
     return {**fedgmm_ood.SETTINGS, "algorithm": "fedgmm"}
 
 
 def _fedgmm_table4() -> dict[str, Any]:
-    from simulations import fedgmm_unseen
+    from fedpers.simulations import fedgmm_unseen
 
     return {
         **fedgmm_unseen.SETTINGS["synthetic"],
@@ -81,13 +81,13 @@ def _fedgmm_table4() -> dict[str, Any]:
 
 
 def _sheaf_figure2() -> dict[str, Any]:
-    from simulations import sheaf_shift
+    from fedpers.simulations import sheaf_shift
 
     return {**sheaf_shift.SETTINGS, "algorithm": "sheaf-frl", "sheaf-shift": 0.9}
 
 
 def _sheaf_figure3() -> dict[str, Any]:
-    from simulations import sheaf_bottleneck
+    from fedpers.simulations import sheaf_bottleneck
 
     return {**sheaf_bottleneck.SETTINGS, "algorithm": "sheaf-frl", "sheaf-latent-dims": "8,8"}
 
@@ -132,7 +132,7 @@ EXPERIMENTS: dict[str, Experiment] = {
 def render(name: str) -> str:
     """The text of ``conf/NAME.toml``: a header naming the paper figure, the command and
     the script, then the keys (validated against the schema)."""
-    from simulations.launch import resolved_config
+    from fedpers.simulations.launch import resolved_config
 
     experiment = EXPERIMENTS[name]
     values = experiment.values()

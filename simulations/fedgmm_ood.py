@@ -32,14 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
-from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
-
-from fedpers import gmm, protocol
-from fedpers.config import RunConfig
-from fedpers.data.client import client_data
-from fedpers.results import read_config
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     add_statistics,
     markdown_table,
@@ -51,6 +44,13 @@ from simulations.common import (
     with_spread,
     write_summary,
 )
+from flwr.app import RecordDict
+from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
+
+from fedpers import gmm, protocol
+from fedpers.config import RunConfig
+from fedpers.data.client import client_data
+from fedpers.results import read_config
 
 TRANSFORMS = ("rot90", "invert", "flip")
 SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg")

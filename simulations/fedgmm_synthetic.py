@@ -32,8 +32,7 @@ import sys
 import time
 from typing import Any
 
-from fedpers.results import read_rounds, read_summary
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     method_summary,
     method_table,
@@ -46,6 +45,8 @@ from simulations.common import (
     settings,
     write_summary,
 )
+
+from fedpers.results import read_rounds, read_summary
 
 METHODS = ("fedgmm", "fedem", "fedavg", "local")
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fedpers.results import read_summary
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     method_summary,
     method_table,
@@ -34,6 +33,8 @@ from simulations.common import (
     settings,
     write_summary,
 )
+
+from fedpers.results import read_summary
 
 METHODS = ("fedgmm", "fedem", "fedavg")
 

@@ -24,10 +24,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fedpers import algorithms
-from fedpers.algorithms import Family
-from fedpers.results import read_config, read_rounds, read_summary
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     method_summary,
     method_table,
@@ -40,6 +37,10 @@ from simulations.common import (
     settings,
     write_summary,
 )
+
+from fedpers import algorithms
+from fedpers.algorithms import Family
+from fedpers.results import read_config, read_rounds, read_summary
 
 
 def methods() -> tuple[str, ...]:

@@ -29,12 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from fedpers import linear
-from fedpers.data.synthetic import LinearTasks
-from fedpers.results import plot_rounds, read_rounds, read_summary
-from fedpers.seeding import rng
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     add_statistics,
     markdown_table,
@@ -47,7 +42,12 @@ from simulations.common import (
     validate_runs,
     write_summary,
 )
-from simulations.launch import LocalSimulation
+from fedpers.simulations.launch import LocalSimulation
+
+from fedpers import linear
+from fedpers.data.synthetic import LinearTasks
+from fedpers.results import plot_rounds, read_rounds, read_summary
+from fedpers.seeding import rng
 
 # method -> (algorithm, head gradient steps; 0 = exact least squares)
 FIGURE3_METHODS: dict[str, tuple[str, int]] = {

@@ -44,7 +44,7 @@ import subprocess
 import time
 import uuid
 
-from simulations.launch import BIN, PROJECT, flower_environment, processes_with_env
+from fedpers.simulations.launch import BIN, PROJECT, flower_environment, processes_with_env
 
 MARKER = "FEDPERS_RAY_CLUSTER"
 # Ray refuses worker nodes when this is 0, which simulations.launch sets for the

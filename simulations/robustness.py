@@ -33,10 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from fedpers.aggregation import Aggregation
-from fedpers.results import final_mean, read_rounds, read_summary, write_json
-from simulations.common import (
+from fedpers.simulations.common import (
     add_statistics,
     markdown_table,
     output_parser,
@@ -47,7 +44,10 @@ from simulations.common import (
     settings,
     validate_runs,
 )
-from simulations.launch import FlowerRunError, LocalSimulation
+from fedpers.simulations.launch import FlowerRunError, LocalSimulation
+
+from fedpers.aggregation import Aggregation
+from fedpers.results import final_mean, read_rounds, read_summary, write_json
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
 MALFORMED = (

@@ -43,6 +43,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedpers.simulations.common import (
+    markdown_table,
+    output_parser,
+    prepare_output,
+    validate_runs,
+    write_summary,
+)
+from fedpers.simulations.launch import (
+    LocalSimulation,
+    descendants,
+    processes_with_home,
+    resolved_config,
+)
+from fedpers.strategies.base import FedpersStrategy
 
 from fedpers.aggregation import weighted_mean
 from fedpers.config import RunConfig
@@ -51,20 +65,6 @@ from fedpers.models import build_model, load_part_arrays, part_arrays
 from fedpers.results import read_rounds, read_summary
 from fedpers.seeding import int_seed
 from fedpers.training import SGDSettings, train
-from simulations.common import (
-    markdown_table,
-    output_parser,
-    prepare_output,
-    validate_runs,
-    write_summary,
-)
-from simulations.launch import (
-    LocalSimulation,
-    descendants,
-    processes_with_home,
-    resolved_config,
-)
-from strategies.base import FedpersStrategy
 
 SIZES = (100, 1000, 5000, 10000)
 

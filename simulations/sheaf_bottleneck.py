@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from simulations.common import add_key_flags, output_parser, settings
-from simulations.sheaf_common import TRAINING, report, run_grid
+from fedpers.simulations.common import add_key_flags, output_parser, settings
+from fedpers.simulations.sheaf_common import TRAINING, report, run_grid
 
 DIMENSIONS = (2, 4, 8, 16, 32, 64)
 LAMBDA = 3.0  # chosen on validation: see the module docstring

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from fedpers.results import read_summary
-from simulations.common import (
+from fedpers.simulations.common import (
     add_statistics,
     interval,
     markdown_table,
@@ -24,7 +22,9 @@ from simulations.common import (
     with_spread,
     write_summary,
 )
-from simulations.launch import LocalSimulation
+from fedpers.simulations.launch import LocalSimulation
+
+from fedpers.results import read_summary
 
 METHODS = ("sheaf-frl", "non-cooperative", "non-cooperative-pilots")
 

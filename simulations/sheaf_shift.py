@@ -31,8 +31,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from simulations.common import add_key_flags, output_parser, settings
-from simulations.sheaf_common import TRAINING, report, run_grid
+from fedpers.simulations.common import add_key_flags, output_parser, settings
+from fedpers.simulations.sheaf_common import TRAINING, report, run_grid
 
 SHIFTS = (0.5, 0.6, 0.7, 0.8, 0.9)
 LAMBDA = 0.1  # chosen on validation: see the module docstring

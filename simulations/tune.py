@@ -26,9 +26,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from fedpers.config import schema
-from fedpers.results import read_summary
-from simulations.common import (
+from fedpers.simulations.common import (
     add_statistics,
     interval,
     markdown_table,
@@ -41,7 +39,10 @@ from simulations.common import (
     validate_runs,
     write_summary,
 )
-from simulations.launch import LocalSimulation
+from fedpers.simulations.launch import LocalSimulation
+
+from fedpers.config import schema
+from fedpers.results import read_summary
 
 QUICK = {"num-rounds": 3}
 

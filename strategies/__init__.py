@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 from fedpers.config import RunConfig
 
 if TYPE_CHECKING:
-    from strategies.base import FedpersStrategy
+    from fedpers.strategies.base import FedpersStrategy
 
 
 def build_strategy(config: RunConfig) -> FedpersStrategy:
     """The strategy of ``config.algorithm`` (its linear variant for linear runs)."""
-    from strategies.base import FedpersStrategy
+    from fedpers.strategies.base import FedpersStrategy
 
     cls = config.spec.strategy_class(linear=config.is_linear)
     if not (isinstance(cls, type) and issubclass(cls, FedpersStrategy)):

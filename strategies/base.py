@@ -21,6 +21,9 @@ import logging
 from collections.abc import Callable, Iterable
 
 import numpy as np
+from fedpers.strategies import final_tests, screening
+from fedpers.strategies.federation import Federation, PopulationError
+from fedpers.strategies.rounds import EvaluateFn, run_rounds
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -41,9 +44,6 @@ from fedpers.config import LrSchedule, RunConfig
 from fedpers.protocol import FinalTestResult
 from fedpers.results import RoundRecord
 from fedpers.seeding import rng
-from strategies import final_tests, screening
-from strategies.federation import Federation, PopulationError
-from strategies.rounds import EvaluateFn, run_rounds
 
 logger = logging.getLogger(__name__)
 

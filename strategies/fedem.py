@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy, _mean_metrics
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
 from fedpers.aggregation import Aggregation
 from fedpers.config import RunConfig
-from strategies import screening
-from strategies.base import FedpersStrategy, _mean_metrics
 
 
 class FedEM(FedpersStrategy):

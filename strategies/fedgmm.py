@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from fedpers.strategies import screening
+from fedpers.strategies.fedem import FedEM
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
@@ -33,8 +35,6 @@ from fedpers.protocol import (
     SUMMARY_CENTROIDS,
     SUMMARY_COUNTS,
 )
-from strategies import screening
-from strategies.fedem import FedEM
 
 _FREE_ROWS = {SUMMARY_CENTROIDS, SUMMARY_COUNTS}  # a client may find fewer local clusters
 

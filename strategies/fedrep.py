@@ -13,13 +13,13 @@ import functools
 from collections.abc import Iterable
 
 import numpy as np
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import linear, protocol
 from fedpers.protocol import LINEAR_BODY
-from strategies import screening
-from strategies.base import FedpersStrategy
 
 
 class FedRepLinear(FedpersStrategy):

@@ -9,12 +9,12 @@ the server averages both parts.
 from __future__ import annotations
 
 import numpy as np
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.fedrep import moments_representation
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 
 from fedpers.protocol import LINEAR_BODY, LINEAR_HEAD
-from strategies.base import FedpersStrategy
-from strategies.fedrep import moments_representation
 
 
 class FedSGD(FedpersStrategy):

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedpers.strategies.rounds import per_client
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol
 from fedpers.protocol import FinetunedTest, UnseenTest
-from strategies.rounds import per_client
 
 if TYPE_CHECKING:
-    from strategies.base import FedpersStrategy
+    from fedpers.strategies.base import FedpersStrategy
 
 
 def finetuned(

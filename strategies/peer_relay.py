@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 import numpy as np
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy, _mean_metrics
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -42,8 +44,6 @@ from flwr.serverapp import Grid
 from fedpers import protocol, sheaf
 from fedpers.config import RunConfig, SheafVariant
 from fedpers.protocol import CommunicationTest, Whitening
-from strategies import screening
-from strategies.base import FedpersStrategy, _mean_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from fedpers import protocol
 from fedpers.results import RoundRecord
 
 if TYPE_CHECKING:
-    from strategies.base import FedpersStrategy
+    from fedpers.strategies.base import FedpersStrategy
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 

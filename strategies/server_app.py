@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from fedpers.strategies import build_strategy
+from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES, EvaluateFn
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
@@ -26,8 +28,6 @@ from fedpers.results import (
     write_failure,
     write_json,
 )
-from strategies import build_strategy
-from strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES, EvaluateFn
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
@@ -38,7 +38,7 @@ SETTLED_SECONDS = 5.0  # a simulation's node count unchanged this long is final
 if SIMULATION:
     # Index the LinkState by node so the dispatcher's sweeps cost nodes + messages, not
     # nodes x messages.
-    from strategies import flower_patches
+    from fedpers.strategies import flower_patches
 
     flower_patches.install()
 

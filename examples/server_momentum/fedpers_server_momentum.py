@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+from fedpers.strategies.base import FedpersStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from sklearn.datasets import make_classification
@@ -31,7 +32,6 @@ from fedpers.data.registry import DatasetInfo
 from fedpers.data.sources import Dataset, register_dataset
 from fedpers.models import SplitModel, mlp, register_model
 from fedpers.protocol import MODEL_PARTS
-from strategies.base import FedpersStrategy
 
 BETA = 0.9  # the server momentum
 

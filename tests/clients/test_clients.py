@@ -52,16 +52,16 @@ def test_each_algorithm_shares_and_keeps_its_parts(algorithm: str, shared: set, 
 
 
 def test_fedrep_trains_head_then_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    import clients.base
+    from fedpers.clients import base as client_base
 
     calls: list[tuple[tuple[str, ...], int]] = []
-    real_train = clients.base.train
+    real_train = client_base.train
 
     def recording_train(*args: Any, **kwargs: Any) -> Any:
         calls.append((kwargs["parts"], kwargs["epochs"]))
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(clients.base, "train", recording_train)
+    monkeypatch.setattr(client_base, "train", recording_train)
     client = _client("fedrep")
     client.fit(
         client.initial_arrays(),

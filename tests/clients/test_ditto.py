@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedpers.clients.ditto import DittoClient
 from flwr.app import ConfigRecord, RecordDict
 from numpy.testing import assert_array_equal
 
-from clients.ditto import DittoClient
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.training import evaluate

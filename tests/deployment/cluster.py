@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from simulations.launch import flower_environment
+from fedpers.simulations.launch import flower_environment
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from simulations.launch import LocalSimulation, processes_with_home
+from fedpers.simulations.launch import LocalSimulation, processes_with_home
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
-
-from fedpers.logs import one_line, strip_ansi
-from simulations import (
+from fedpers.simulations import (
     conf,
     fedgmm_ood,
     fedgmm_synthetic,
@@ -24,7 +21,7 @@ from simulations import (
     sheaf_shift,
     tune,
 )
-from simulations.common import (
+from fedpers.simulations.common import (
     add_key_flags,
     add_statistics,
     output_parser,
@@ -35,6 +32,9 @@ from simulations.common import (
     seeds_of,
     settings,
 )
+from scipy import stats
+
+from fedpers.logs import one_line, strip_ansi
 
 SCRIPTS = (
     fedrep_images,
@@ -219,7 +219,7 @@ def test_client_errors_become_one_clean_line() -> None:
 def test_check_names_a_bad_key_and_prints_a_good_configuration(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from simulations import check
+    from fedpers.simulations import check
 
     table2 = str(conf.CONF / "fedgmm_table2.toml")
     assert check.main(["--run-config", table2, "--run-config", "lr=2.0"]) == 0

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fedpers.simulations import fedrep_images, fedrep_linear
 from scipy import stats
 
 from fedpers.results import read_clients, read_rounds, read_summary
-from simulations import fedrep_images, fedrep_linear
 
 pytestmark = pytest.mark.flower
 
@@ -115,7 +115,7 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:
 
 
 def test_overwrite_deletes_only_a_folder_a_script_made(tmp_path: Path) -> None:
-    from simulations.common import MARKER, prepare_output
+    from fedpers.simulations.common import MARKER, prepare_output
 
     foreign = tmp_path / "checkout"
     foreign.mkdir()

@@ -8,8 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-
-from simulations import robustness
+from fedpers.simulations import robustness
 
 pytestmark = pytest.mark.flower
 

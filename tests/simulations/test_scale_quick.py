@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from simulations import scale
+from fedpers.simulations import scale
 
 pytestmark = pytest.mark.flower
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from simulations import sheaf_bottleneck, sheaf_shift
+from fedpers.simulations import sheaf_bottleneck, sheaf_shift
 
 pytestmark = pytest.mark.flower
 

@@ -6,6 +6,9 @@ import warnings
 
 import numpy as np
 import pytest
+from fedpers.clients.client_app import app as client_app
+from fedpers.strategies import build_strategy
+from fedpers.strategies.fedgmm import FedGMM
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -18,13 +21,10 @@ from flwr.app import (
 from numpy.testing import assert_allclose
 from sklearn.mixture import GaussianMixture
 
-from clients.client_app import app as client_app
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.protocol import UnseenTest
-from strategies import build_strategy
-from strategies.fedgmm import FedGMM
 from tests.helpers import InProcessGrid, run_config
 
 MIXTURE = {

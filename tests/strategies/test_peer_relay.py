@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fedpers.clients.client_app import app as client_app
+from fedpers.clients.sheaf import STATE_MAPS, STATE_MODEL
+from fedpers.strategies import build_strategy
+from fedpers.strategies.peer_relay import PeerRelay
 from flwr.app import ConfigRecord, MessageType
 from numpy.testing import assert_allclose
 
-from clients.client_app import app as client_app
-from clients.sheaf import STATE_MAPS, STATE_MODEL
 from fedpers import protocol, sheaf
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.models.agents import build_agent
 from fedpers.seeding import int_seed
 from fedpers.training import SGDSettings, train
-from strategies import build_strategy
-from strategies.peer_relay import PeerRelay
 from tests.helpers import InProcessGrid, client_of, run_config
 
 AGENTS = {

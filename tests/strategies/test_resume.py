@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fedpers.clients import device_state
+from fedpers.clients.client_app import app as client_app
+from fedpers.strategies import server_app
+from fedpers.strategies.rounds import RoundFailedError
 from flwr.app import Context, MessageType, RecordDict
 
-from clients import device_state
-from clients.client_app import app as client_app
 from fedpers import protocol
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import ConfigError, RunConfig, load_run_config
@@ -26,8 +28,6 @@ from fedpers.results import (
     read_rounds,
     read_summary,
 )
-from strategies import server_app
-from strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
 SETTINGS = {"dataset": "digits", "num_clients": 4, "fraction_train": 0.5, "epochs": 1}

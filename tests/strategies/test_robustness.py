@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fedpers.clients.client_app import app as client_app
+from fedpers.simulations.robustness import MALFORMED, MIXTURE_MALFORMED
+from fedpers.strategies import build_strategy
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.rounds import RoundFailedError
 from flwr.app import ArrayRecord
 
-from clients.client_app import app as client_app
 from fedpers import protocol
 from fedpers.config import RunConfig
 from fedpers.results import RoundRecord
-from simulations.robustness import MALFORMED, MIXTURE_MALFORMED
-from strategies import build_strategy
-from strategies.base import FedpersStrategy
-from strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
 # Left out, with a reason naming the partition: the kinds of simulations.robustness

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from fedpers.strategies import screening
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -14,7 +15,6 @@ from flwr.app import (
 )
 
 from fedpers import protocol
-from strategies import screening
 
 
 def _reply(

@@ -6,6 +6,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
+from fedpers.clients.client_app import app as client_app
+from fedpers.strategies import build_strategy
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.federation import PopulationError
+from fedpers.strategies.fedrep import FedRepLinear
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -18,15 +23,10 @@ from flwr.app import (
 from numpy.testing import assert_allclose
 from scipy.linalg import orth
 
-from clients.client_app import app as client_app
 from fedpers import linear, protocol
 from fedpers.config import RunConfig
 from fedpers.protocol import FinetunedTest
 from fedpers.results import RoundRecord
-from strategies import build_strategy
-from strategies.base import FedpersStrategy
-from strategies.federation import PopulationError
-from strategies.fedrep import FedRepLinear
 from tests.helpers import InProcessGrid, run_config
 
 
