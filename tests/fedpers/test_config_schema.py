@@ -1,4 +1,5 @@
-"""One schema: pyproject.toml, README.md and the scripts' --help say what it declares."""
+"""One schema: pyproject.toml, docs/configuration.md and the scripts' --help say what it
+declares."""
 
 import argparse
 import dataclasses
@@ -9,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import pytest
+from fedpers.simulations.common import config_help
 
 from fedpers.config import (
     GROUPS,
@@ -25,9 +27,8 @@ from fedpers.config import (
     schema_defaults,
 )
 from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
-from simulations.common import config_help
 
-README = PYPROJECT.parent / "README.md"
+REFERENCE = PYPROJECT.parent / "docs" / "configuration.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
 
@@ -62,8 +63,8 @@ def test_pyproject_table_parses_to_the_defaults() -> None:
     assert list(parsed.items()) == list(schema_defaults().items())
 
 
-def test_readme_holds_the_configuration_reference() -> None:
-    text = README.read_text()
+def test_docs_hold_the_configuration_reference() -> None:
+    text = REFERENCE.read_text()
     assert text.count(START) == 1
     assert text.count(END) == 1
     between = text.split(START)[1].split(END)[0]
