@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedpers.simulations.common import run_config_values, validate_runs
+from fedpers.simulations.flags import run_config_values
 from fedpers.simulations.launch import resolved_config, to_toml
+from fedpers.simulations.runs import validate_runs
 
 
 def main(argv: list[str] | None = None) -> int:

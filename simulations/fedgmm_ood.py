@@ -32,18 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedpers.simulations.common import (
-    add_key_flags,
-    add_statistics,
-    markdown_table,
-    output_parser,
-    run_methods,
-    seeds_note,
-    seeds_of,
-    settings,
-    with_spread,
-    write_summary,
-)
+from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
+from fedpers.simulations.runs import run_methods
+from fedpers.simulations.stats import add_statistics
+from fedpers.simulations.tables import markdown_table, seeds_note, with_spread, write_summary
 from flwr.app import RecordDict
 from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
 

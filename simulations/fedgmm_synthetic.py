@@ -22,7 +22,7 @@ on the clients' validation splits, FedGMM, seed 0, by ``simulations.tune --key l
 reference loop on test data.) The baselines use the same lr; they were not tuned apart.
 
 Writes DIR/summary.json ``{"final_accuracy": {METHOD: mean over seeds}, ...}`` with the
-spread over seeds and clients (``simulations.common.method_summary``), DIR/table.md,
+spread over seeds and clients (``simulations.tables.method_summary``), DIR/table.md,
 DIR/accuracy.png, DIR/clients.png, and every run's results under DIR/runs/.
 """
 
@@ -32,19 +32,10 @@ import sys
 import time
 from typing import Any
 
-from fedpers.simulations.common import (
-    add_key_flags,
-    method_summary,
-    method_table,
-    output_parser,
-    plot_client_cdf,
-    plot_seeded,
-    run_methods,
-    seeds_note,
-    seeds_of,
-    settings,
-    write_summary,
-)
+from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
+from fedpers.simulations.plots import plot_client_cdf, plot_seeded
+from fedpers.simulations.runs import run_methods
+from fedpers.simulations.tables import method_summary, method_table, seeds_note, write_summary
 
 from fedpers.results import read_rounds, read_summary
 

@@ -24,19 +24,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fedpers.simulations.common import (
-    add_key_flags,
-    method_summary,
-    method_table,
-    output_parser,
-    plot_client_cdf,
-    plot_seeded,
-    run_methods,
-    seeds_note,
-    seeds_of,
-    settings,
-    write_summary,
-)
+from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
+from fedpers.simulations.plots import plot_client_cdf, plot_seeded
+from fedpers.simulations.runs import run_methods
+from fedpers.simulations.tables import method_summary, method_table, seeds_note, write_summary
 
 from fedpers import algorithms
 from fedpers.algorithms import Family

@@ -29,20 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedpers.simulations.common import (
+from fedpers.simulations.flags import (
     add_key_flags,
-    add_statistics,
-    markdown_table,
     output_parser,
     parallelism,
-    prepare_output,
     resources,
     seeds_of,
     settings,
-    validate_runs,
-    write_summary,
 )
 from fedpers.simulations.launch import LocalSimulation
+from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.stats import add_statistics
+from fedpers.simulations.tables import markdown_table, write_summary
 
 from fedpers import linear
 from fedpers.data.synthetic import LinearTasks

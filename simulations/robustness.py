@@ -33,18 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedpers.simulations.common import (
-    add_statistics,
-    markdown_table,
-    output_parser,
-    parallelism,
-    prepare_output,
-    resources,
-    seeds_of,
-    settings,
-    validate_runs,
-)
+from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
+from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.stats import add_statistics
+from fedpers.simulations.tables import markdown_table
 
 from fedpers.aggregation import Aggregation
 from fedpers.results import final_mean, read_rounds, read_summary, write_json

@@ -43,19 +43,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedpers.simulations.common import (
-    markdown_table,
-    output_parser,
-    prepare_output,
-    validate_runs,
-    write_summary,
-)
+from fedpers.simulations.flags import output_parser
 from fedpers.simulations.launch import (
     LocalSimulation,
     descendants,
     processes_with_home,
     resolved_config,
 )
+from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.tables import markdown_table, write_summary
 from fedpers.strategies.base import FedpersStrategy
 
 from fedpers.aggregation import weighted_mean

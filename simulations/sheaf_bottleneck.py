@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fedpers.simulations.common import add_key_flags, output_parser, settings
+from fedpers.simulations.flags import add_key_flags, output_parser, settings
 from fedpers.simulations.sheaf_common import TRAINING, report, run_grid
 
 DIMENSIONS = (2, 4, 8, 16, 32, 64)

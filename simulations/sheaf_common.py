@@ -8,21 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedpers.simulations.common import (
-    add_statistics,
+from fedpers.simulations.flags import parallelism, resources, seeds_of
+from fedpers.simulations.launch import LocalSimulation
+from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.stats import add_statistics, percentile
+from fedpers.simulations.tables import (
     interval,
     markdown_table,
-    parallelism,
-    percentile,
-    prepare_output,
-    resources,
     seeds_note,
-    seeds_of,
-    validate_runs,
     with_spread,
     write_summary,
 )
-from fedpers.simulations.launch import LocalSimulation
 
 from fedpers.results import read_summary
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fedpers.simulations.common import add_key_flags, output_parser, settings
+from fedpers.simulations.flags import add_key_flags, output_parser, settings
 from fedpers.simulations.sheaf_common import TRAINING, report, run_grid
 
 SHIFTS = (0.5, 0.6, 0.7, 0.8, 0.9)

@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import pytest
-from fedpers.simulations.common import config_help
+from fedpers.simulations.flags import config_help
 
 from fedpers.config import (
     GROUPS,

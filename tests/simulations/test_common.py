@@ -21,17 +21,15 @@ from fedpers.simulations import (
     sheaf_shift,
     tune,
 )
-from fedpers.simulations.common import (
+from fedpers.simulations.flags import (
     add_key_flags,
-    add_statistics,
     output_parser,
     parse_seeds,
-    percentile,
     run_config_values,
-    seed_statistics,
     seeds_of,
     settings,
 )
+from fedpers.simulations.stats import add_statistics, percentile, seed_statistics
 from scipy import stats
 
 from fedpers.logs import one_line, strip_ansi

@@ -115,7 +115,7 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:
 
 
 def test_overwrite_deletes_only_a_folder_a_script_made(tmp_path: Path) -> None:
-    from fedpers.simulations.common import MARKER, prepare_output
+    from fedpers.simulations.runs import MARKER, prepare_output
 
     foreign = tmp_path / "checkout"
     foreign.mkdir()

@@ -1,0 +1,279 @@
+"""The flags every reproduction script takes, and the run-config keys they set.
+
+Every script takes the same ways to set a run-config key, applied in this order (a
+later one wins): the script's settings for its paper experiment, its ``--quick``
+settings, ``--run-config`` (Flower's ``"key=value ..."`` syntax or a TOML file, as often
+as wanted), and the script's own flags, each named after its key (``--num-rounds``).
+Also here: ``--seeds``/``--seed``, ``--out``, ``--overwrite``, ``--parallel``,
+``--quick`` and the Ray resources per client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: a count (``3``: seeds 0, 1, 2) or a comma-separated list
+    (``0,1,2``; one seed: ``5,``).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        On anything else, and on a count below 1.
+    """
+    text = text.strip()
+    try:
+        if "," in text:
+            seeds = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            count = int(text)
+            if count < 1:
+                raise argparse.ArgumentTypeError(
+                    f"--seeds {text} runs no seed: give a count of at least 1 (3: seeds 0, 1, "
+                    "2) or a list (0,1,2; a single seed K as K,)"
+                )
+            seeds = list(range(count))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds '{text}' is neither a count (3) nor a comma-separated list of seeds (0,1,2)"
+        ) from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(
+            f"--seeds '{text}' must name distinct non-negative seeds (0,1,2)"
+        )
+    return seeds
+
+
+def output_parser(
+    description: str, *, seeds: str = "1", quick_seeds: str = "1"
+) -> argparse.ArgumentParser:
+    """An argument parser with the flags every reproduction script takes; ``seeds`` is
+    the script's default ``--seeds``, ``quick_seeds`` its default with ``--quick``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=None,
+        help="seeds to run every experiment with: a count (3 = seeds 0,1,2) or a list "
+        f"(0,1,2); tables give the mean, std and 95%% interval over them (default: {seeds}; "
+        f"with --quick: {quick_seeds})",
+    )
+    parser.set_defaults(default_seeds=parse_seeds(seeds), quick_seeds=parse_seeds(quick_seeds))
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="one seed (the same as --seeds K,); run-config key 'seed'",
+    )
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="'KEY=VALUE ...' or FILE.toml",
+        help="set any run-config key, in Flower's syntax or from a TOML file of keys "
+        "(conf/*.toml); may be given more than once; the script's own flags win",
+    )
+    parser.add_argument(
+        "--cpus-per-client",
+        type=int,
+        default=1,
+        help="Ray CPUs reserved per virtual client (whole CPUs; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="Ray GPUs per virtual client (fractions share a GPU, 0.25 = four clients a GPU; "
+        "with 0, Ray hides the GPUs from the clients; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a small, fast version (for tests and CI)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results a previous run of this script left in --out",
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="Flower runs at a time (default 1, or 3 with --quick); wall times are only "
+        "comparable between sequential runs",
+    )
+    return parser
+
+
+def add_key_flags(
+    parser: argparse.ArgumentParser,
+    keys: Sequence[str],
+    script: Mapping[str, Any] | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> None:
+    """A flag ``--KEY`` per run-config key, typed as the schema declares it, with the
+    schema's help and the script's own setting (``script[key]``) as its shown default.
+    ``aliases`` maps a key to an older flag name kept for compatibility. An unset flag
+    is None: it changes nothing (``settings`` reads them)."""
+    from fedpers.config import schema
+
+    known = schema()
+    for key in keys:
+        setting = known[key]
+        kind: Any = setting.kind
+        if kind is bool:
+            kind = _boolean
+        elif kind not in (int, float):
+            kind = str
+        names = [f"--{key}"] + ([f"--{aliases[key]}"] if aliases and key in aliases else [])
+        shown = (script or {}).get(key, setting.toml_default)
+        parser.add_argument(
+            *names,
+            dest=_dest(key),
+            type=kind,
+            default=None,
+            metavar=setting.type_name.upper(),
+            help=f"{config_help(key)}; this script: {shown}",
+        )
+
+
+def _dest(key: str) -> str:
+    return "key_" + key.replace("-", "_")
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"'{text}' is not a boolean: write true or false")
+
+
+def run_config_values(items: Sequence[str]) -> dict[str, Any]:
+    """The keys given by ``--run-config`` items: each a TOML file (its top-level keys,
+    or those of a ``[tool.flwr.app.config]`` table) or Flower's ``"key=value ..."``.
+
+    Raises
+    ------
+    SystemExit
+        On a file that cannot be read or parsed, a string Flower cannot parse, or an
+        unknown key (naming it, with the closest known key).
+    """
+    from flwr.common.config import parse_config_args
+
+    from fedpers.config import schema
+
+    values: dict[str, Any] = {}
+    for item in items:
+        path = Path(item).expanduser()
+        if item.endswith(".toml") or path.is_file():
+            try:
+                with path.open("rb") as handle:
+                    table = tomllib.load(handle)
+            except (OSError, tomllib.TOMLDecodeError) as error:
+                raise SystemExit(f"error: --run-config {item}: {error}") from None
+            table = table.get("tool", {}).get("flwr", {}).get("app", {}).get("config", table)
+            given = {k: v for k, v in table.items() if k != "description"}
+        else:
+            try:
+                given = parse_config_args([item])
+            except Exception as error:  # Flower raises ValueError or tomli's error
+                raise SystemExit(
+                    f"error: --run-config '{item}' is not Flower's \"key=value ...\" syntax "
+                    f"({error}); quote strings inside: \"dataset='digits' num-rounds=20\""
+                ) from None
+        for key in given:
+            if key not in schema():
+                close = difflib.get_close_matches(key, list(schema()), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise SystemExit(
+                    f"error: --run-config {item}: '{key}' is not a run-config key{hint} "
+                    "(python -m fedpers.config markdown lists them)"
+                )
+        values.update(given)
+    return values
+
+
+def settings(
+    args: argparse.Namespace,
+    script: Mapping[str, Any],
+    quick: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run-config keys of a script's runs: ``script`` (its paper experiment), then
+    ``quick`` with ``--quick``, then ``--run-config``, then the key flags that were given
+    (see the module docstring). ``seed`` is left out: the script sets it per run."""
+    values = dict(script)
+    if args.quick and quick:
+        values.update(quick)
+    values.update(run_config_values(args.run_config))
+    for name, value in vars(args).items():
+        if name.startswith("key_") and value is not None:
+            values[name[4:].replace("_", "-")] = value
+    values.pop("seed", None)
+    return values
+
+
+def seeds_of(args: argparse.Namespace) -> list[int]:
+    """The seeds to run: ``--seed K`` alone, else ``--seeds`` (a seed given by
+    ``--run-config`` counts as ``--seed``)."""
+    given = run_config_values(args.run_config).get("seed")
+    if args.seed is not None:
+        return [int(args.seed)]
+    if args.seeds is not None:
+        return list(args.seeds)
+    if given is not None:
+        return [int(given)]
+    return list(args.quick_seeds if args.quick else args.default_seeds)
+
+
+def resources(args: argparse.Namespace) -> dict[str, Any]:
+    """``LocalSimulation.run`` keyword arguments of ``--cpus-per-client`` and
+    ``--gpus-per-client``.
+
+    Raises
+    ------
+    SystemExit
+        On a count below 1 CPU or below 0 GPUs.
+    """
+    if args.cpus_per_client < 1:
+        raise SystemExit("error: --cpus-per-client must be at least 1")
+    if args.gpus_per_client < 0:
+        raise SystemExit("error: --gpus-per-client must be 0 or more")
+    return {"cpus_per_client": args.cpus_per_client, "gpus_per_client": args.gpus_per_client}
+
+
+def config_help(key: str, script: bool = False) -> str:
+    """The ``--help`` text of a flag that sets run-config key ``key``: the schema's
+    description, allowed values and default, so that a script says what the README says;
+    with ``script``, also the script's own default (argparse's ``%(default)s``).
+
+    Raises
+    ------
+    KeyError
+        If ``key`` is not a run-config key.
+    """
+    from fedpers.config import schema
+
+    try:
+        setting = schema()[key]
+    except KeyError:
+        raise KeyError(f"'{key}' is not a run-config key (fedpers/config.py)") from None
+    allowed = f", one of {', '.join(setting.choices)}" if setting.choices else ""
+    text = (
+        f"{setting.description} (run-config key '{key}'{allowed}; default {setting.toml_default})"
+    ).replace("%", "%%")  # argparse %-formats help strings
+    return f"{text}; this script: %(default)s" if script else text
+
+
+def parallelism(args: argparse.Namespace) -> int:
+    """Runs at a time: the --parallel flag, else 3 for --quick and 1 otherwise."""
+    if args.parallel is not None:
+        return max(1, int(args.parallel))
+    return 3 if args.quick else 1

@@ -1,0 +1,113 @@
+"""Before and around the Flower runs of a script: every run validated, the output
+directory prepared, and every method run with every seed."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedpers.simulations.flags import parallelism, resources
+
+
+def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
+    """Validate every run config, and that its data can be read, before anything
+    starts (clear error, no Flower or Ray start-up)."""
+    from fedpers.simulations.launch import resolved_config
+
+    from fedpers.config import ConfigError
+    from fedpers.data.sources import DatasetNotFound, check_data_source
+
+    checked: set[tuple[str, str]] = set()
+    for overrides in runs:
+        try:
+            config = resolved_config(overrides)
+        except ConfigError as error:
+            raise SystemExit(f"error: {error}") from error
+        if config.tensorboard:
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError:
+                raise SystemExit(
+                    "error: run-config key 'tensorboard' = true needs the tensorboard "
+                    "package: pip install -e '.[tensorboard]'"
+                ) from None
+        source = (config.dataset, config.data_root)
+        if source not in checked:
+            checked.add(source)
+            try:
+                check_data_source(*source)
+            except DatasetNotFound as error:
+                raise SystemExit(f"error: {error}") from error
+
+
+MARKER = ".fedpers-results"  # in every output directory a script made
+
+
+def prepare_output(out: Path, *, overwrite: bool) -> Path:
+    """Create ``out``; refuse to clobber earlier results unless ``overwrite``, and then
+    delete only a directory that a fedpers script made (it holds ``MARKER``).
+
+    Called before any run starts, so a wrong directory costs nothing.
+    """
+    out = out.expanduser().resolve()
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise SystemExit(
+                f"error: {out} is not empty; pass --overwrite to replace its contents "
+                "or choose another --out"
+            )
+        if not (out / MARKER).is_file():
+            raise SystemExit(
+                f"error: --overwrite deletes only an output directory of a fedpers script, "
+                f"and {out} is not one (it has no {MARKER}); remove it yourself or choose "
+                "another --out"
+            )
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by a fedpers script; --overwrite may delete this folder\n")
+    return out
+
+
+def run_methods(
+    args: argparse.Namespace,
+    values: Mapping[str, Any],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    algorithm: Mapping[str, str] | None = None,
+    shared: Mapping[str, str] | None = None,
+) -> dict[tuple[str, int], Path]:
+    """Run every method with every seed (``runs/METHOD-seedK``) and return the run
+    directories by (method, seed). ``algorithm`` maps a method to the algorithm it runs
+    (default: itself); a method in ``shared`` takes the run of another method (FedAvg's
+    numbers come from the FedAvg+FT run). Validates every run, and that ``--out`` may be
+    written, before the SuperLink starts."""
+    from fedpers.simulations.launch import LocalSimulation
+
+    root = args.out.expanduser().resolve() / "runs"
+    algorithm = algorithm or {}
+    shared = {m: s for m, s in (shared or {}).items() if s in methods}
+    keys = [(m, seed) for seed in seeds for m in methods if m not in shared]
+    runs = [
+        {
+            **values,
+            "algorithm": algorithm.get(m, m),
+            "seed": seed,
+            "results-dir": str(root),
+            "run-name": f"{m}-seed{seed}",
+        }
+        for m, seed in keys
+    ]
+    validate_runs(runs)
+    kwargs = resources(args)
+    prepare_output(args.out, overwrite=args.overwrite)
+    with LocalSimulation() as simulation:
+        done = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    directories = dict(zip(keys, done, strict=True))
+    for method, source in shared.items():
+        for seed in seeds:
+            directories[(method, seed)] = directories[(source, seed)]
+    return directories
