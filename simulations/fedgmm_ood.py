@@ -42,7 +42,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve, roc
 from fedpers import gmm, protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
-from fedpers.results import read_config
+from fedpers.reports import read_config
 
 TRANSFORMS = ("rot90", "invert", "flip")
 SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg")

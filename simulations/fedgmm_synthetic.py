@@ -37,7 +37,7 @@ from fedpers.simulations.plots import plot_client_cdf, plot_seeded
 from fedpers.simulations.runs import run_methods
 from fedpers.simulations.tables import method_summary, method_table, seeds_note, write_summary
 
-from fedpers.results import read_rounds, read_summary
+from fedpers.reports import read_rounds, read_summary
 
 METHODS = ("fedgmm", "fedem", "fedavg", "local")
 

@@ -31,7 +31,7 @@ from fedpers.simulations.tables import method_summary, method_table, seeds_note,
 
 from fedpers import algorithms
 from fedpers.algorithms import Family
-from fedpers.results import read_config, read_rounds, read_summary
+from fedpers.reports import read_config, read_rounds, read_summary
 
 
 def methods() -> tuple[str, ...]:

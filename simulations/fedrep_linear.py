@@ -44,7 +44,7 @@ from fedpers.simulations.tables import markdown_table, write_summary
 
 from fedpers import linear
 from fedpers.data.synthetic import LinearTasks
-from fedpers.results import plot_rounds, read_rounds, read_summary
+from fedpers.reports import plot_rounds, read_rounds, read_summary
 from fedpers.seeding import rng
 
 # method -> (algorithm, head gradient steps; 0 = exact least squares)

@@ -40,7 +40,8 @@ from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table
 
 from fedpers.aggregation import Aggregation
-from fedpers.results import final_mean, read_rounds, read_summary, write_json
+from fedpers.reports import read_rounds, read_summary
+from fedpers.results import final_mean, write_json
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
 MALFORMED = (

@@ -58,7 +58,7 @@ from fedpers.aggregation import weighted_mean
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.models import build_model, load_part_arrays, part_arrays
-from fedpers.results import read_rounds, read_summary
+from fedpers.reports import read_rounds, read_summary
 from fedpers.seeding import int_seed
 from fedpers.training import SGDSettings, train
 

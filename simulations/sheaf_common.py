@@ -20,7 +20,7 @@ from fedpers.simulations.tables import (
     write_summary,
 )
 
-from fedpers.results import read_summary
+from fedpers.reports import read_summary
 
 METHODS = ("sheaf-frl", "non-cooperative", "non-cooperative-pilots")
 

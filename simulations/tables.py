@@ -69,7 +69,7 @@ def method_summary(
     evaluation messages are not counted) and
     ``wall_seconds`` are seed means from the runs' summaries.
     """
-    from fedpers.results import read_summary
+    from fedpers.reports import read_summary
 
     summary: dict[str, Any] = {"seeds": list(seeds), "methods": list(methods)}
     for name, values in figures.items():

@@ -33,7 +33,7 @@ from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import interval, markdown_table, write_summary
 
 from fedpers.config import schema
-from fedpers.results import read_summary
+from fedpers.reports import read_summary
 
 QUICK = {"num-rounds": 3}
 

@@ -19,7 +19,7 @@ from fedpers import algorithms
 from fedpers.config import ConfigError, RunConfig, load_run_config
 from fedpers.data import registry, sources
 from fedpers.models import MODELS
-from fedpers.results import read_rounds, read_summary
+from fedpers.reports import read_rounds, read_summary
 from tests.helpers import InProcessGrid, run_config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "server_momentum"

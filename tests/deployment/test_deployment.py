@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from fedpers.simulations.launch import LocalSimulation
 
-from fedpers.results import read_rounds, read_summary
+from fedpers.reports import read_rounds, read_summary
 from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 
 pytestmark = pytest.mark.flower

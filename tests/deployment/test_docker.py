@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from fedpers.simulations.launch import LocalSimulation
 
-from fedpers.results import read_rounds
+from fedpers.reports import read_rounds
 from tests.deployment.cluster import wait_for
 from tests.deployment.compose import Compose, docker
 

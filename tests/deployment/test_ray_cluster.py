@@ -21,7 +21,7 @@ import pytest
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayCluster
 
-from fedpers.results import read_rounds
+from fedpers.reports import read_rounds
 
 pytestmark = [pytest.mark.flower, pytest.mark.cluster]
 

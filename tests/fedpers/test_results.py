@@ -6,16 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpers.results import (
-    ROUNDS_FILE,
-    ResultsExistError,
-    RoundRecord,
-    RunRecorder,
-    final_mean,
-    read_config,
-    read_rounds,
-    read_summary,
-)
+from fedpers.reports import read_config, read_rounds, read_summary
+from fedpers.results import ROUNDS_FILE, ResultsExistError, RoundRecord, RunRecorder, final_mean
 
 
 def _recorder(directory: Path) -> RunRecorder:
@@ -83,7 +75,8 @@ def test_a_round_without_evaluation_shows_the_last_value_not_nan(tmp_path: Path)
 def test_per_client_rows_go_to_their_own_file_and_resume_keeps_them_in_step(
     tmp_path: Path,
 ) -> None:
-    from fedpers.results import CLIENTS_FILE, final_client_metric, read_clients
+    from fedpers.reports import final_client_metric, read_clients
+    from fedpers.results import CLIENTS_FILE
 
     directory = tmp_path / "run"
     recorder = _recorder(directory)

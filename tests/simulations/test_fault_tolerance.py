@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
-from fedpers.results import read_rounds, read_summary
+from fedpers.reports import read_rounds, read_summary
 
 pytestmark = pytest.mark.flower
 

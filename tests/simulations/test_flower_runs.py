@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 
-from fedpers.results import read_config, read_rounds, read_summary
+from fedpers.reports import read_config, read_rounds, read_summary
 
 pytestmark = pytest.mark.flower
 

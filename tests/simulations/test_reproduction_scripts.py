@@ -11,7 +11,7 @@ import pytest
 from fedpers.simulations import fedrep_images, fedrep_linear
 from scipy import stats
 
-from fedpers.results import read_clients, read_rounds, read_summary
+from fedpers.reports import read_clients, read_rounds, read_summary
 
 pytestmark = pytest.mark.flower
 

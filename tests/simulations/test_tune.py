@@ -12,7 +12,7 @@ from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
 from fedpers.config import load_run_config
 from fedpers.data.client import client_data
-from fedpers.results import read_clients, read_config, read_summary
+from fedpers.reports import read_clients, read_config, read_summary
 
 pytestmark = pytest.mark.flower
 

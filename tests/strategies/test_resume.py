@@ -20,14 +20,8 @@ from flwr.app import Context, MessageType, RecordDict
 from fedpers import protocol
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import ConfigError, RunConfig, load_run_config
-from fedpers.results import (
-    FAILURE_FILE,
-    ROUNDS_FILE,
-    ResultsExistError,
-    RunRecorder,
-    read_rounds,
-    read_summary,
-)
+from fedpers.reports import read_rounds, read_summary
+from fedpers.results import FAILURE_FILE, ROUNDS_FILE, ResultsExistError, RunRecorder
 from tests.helpers import InProcessGrid, run_config
 
 SETTINGS = {"dataset": "digits", "num_clients": 4, "fraction_train": 0.5, "epochs": 1}
