@@ -3,7 +3,7 @@
 ``Hosts`` gives every member (SuperLink, SuperNodes) its own network namespace with its
 own address on a bridge made for the test (``ip netns``, ``veth``); without the right
 to make namespaces it falls back to loopback and says so. ``Cluster`` starts the real
-``flower-superlink`` / ``flower-supernode`` processes of ``docker/topology.py`` in them,
+``flower-superlink`` / ``flower-supernode`` processes of ``docker/entrypoint.py`` in them,
 with TLS and SuperNode authentication. Everything it made (processes, namespaces, the
 bridge) is removed on ``close``, also after a failure.
 """
@@ -31,14 +31,18 @@ BIN = Path(sys.executable).parent
 
 
 def load_script(name: str) -> ModuleType:
-    """Import a script of docker/ (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        f"fedpers_docker_{name}", PROJECT / "docker" / f"{name}.py"
-    )
+    """Import a script of docker/ (the folder is not a package). Its imports of the other
+    scripts resolve as when it runs (``python docker/NAME.py``: docker/ first on sys.path)."""
+    folder = PROJECT / "docker"
+    spec = importlib.util.spec_from_file_location(f"fedpers_docker_{name}", folder / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module
 
 
@@ -135,16 +139,16 @@ class Hosts:
 
 
 class Cluster:
-    """A SuperLink and SuperNodes of docker/topology.py, as processes on ``Hosts``."""
+    """A SuperLink and SuperNodes of docker/entrypoint.py, as processes on ``Hosts``."""
 
     def __init__(self, work: Path, *, nodes: int, extra_keys: int = 1) -> None:
-        self.topology = load_script("topology")
+        self.entrypoint = load_script("entrypoint")
         credentials = load_script("credentials")
         self.work = work
         self.nodes = nodes
         members = ["superlink", *[f"node{i}" for i in range(nodes + extra_keys)]]
         self.hosts = Hosts(members)
-        self.port = self.topology.SUPERLINK_PORT if self.hosts.isolated else _free_port()
+        self.port = self.entrypoint.SUPERLINK_PORT if self.hosts.isolated else _free_port()
         self.superlink_address = f"{self.hosts.addresses['superlink']}:{self.port}"
         self.credentials = credentials.make_credentials(
             work / "credentials",
@@ -158,7 +162,7 @@ class Cluster:
         self.cli_home = work / "cli"
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(
-            self.topology.connection_toml(
+            self.entrypoint.connection_toml(
                 self.superlink_address, str(self.credentials / "operator" / "ca.crt")
             )
         )
@@ -193,7 +197,7 @@ class Cluster:
         host = "0.0.0.0" if self.hosts.isolated else "127.0.0.1"
         self.start(
             "superlink",
-            self.topology.superlink_args(
+            self.entrypoint.superlink_args(
                 str(self.credentials / "superlink"),
                 str(self.work / "superlink" / "state.db"),
                 host=host,
@@ -210,11 +214,11 @@ class Cluster:
 
     def start_supernode(self, index: int, *, key: str | None = None) -> subprocess.Popen[bytes]:
         """SuperNode ``index`` (on host ``node<index>``) with its key and state directory."""
-        port = self.topology.NODE_RUNTIME_PORT if self.hosts.isolated else _free_port()
+        port = self.entrypoint.NODE_RUNTIME_PORT if self.hosts.isolated else _free_port()
         partition = index % self.nodes
         return self.start(
             f"node{index}",
-            self.topology.supernode_args(
+            self.entrypoint.supernode_args(
                 partition,
                 credentials=str(self.credentials / f"node{index}"),
                 superlink=self.superlink_address,
@@ -239,7 +243,7 @@ class Cluster:
     def register(self, index: int) -> int:
         """Register node ``index``'s public key with the SuperLink; return its node id."""
         public = self.credentials / "operator" / "nodes" / f"node{index}.pub"
-        args = self.topology.register_args(str(public))[1:]
+        args = self.entrypoint.register_args(str(public))[1:]
         result = self.cli(*args, "--format", "json")
         if result.returncode != 0:
             raise RuntimeError(f"registering node{index} failed:\n{result.stdout}\n{result.stderr}")
@@ -261,7 +265,7 @@ class Cluster:
         back to the device's partition.
         """
         result = self.cli(
-            "supernode", "unregister", str(self.node_ids[index]), self.topology.CONNECTION
+            "supernode", "unregister", str(self.node_ids[index]), self.entrypoint.CONNECTION
         )
         if result.returncode != 0:
             raise RuntimeError(

@@ -1,4 +1,4 @@
-"""The Docker deployment of docker/topology.py, driven through docker-compose.
+"""The Docker deployment of docker/compose_gen.py, driven through docker-compose.
 
 ``Compose`` writes the generated compose file and fresh credentials (one folder per
 container, given to the images' non-root user) into a work folder, brings the project up
@@ -37,7 +37,8 @@ class Compose:
     """One compose project of a SuperLink, its Fleet proxy and ``nodes`` SuperNodes."""
 
     def __init__(self, work: Path, *, nodes: int = 3, isolation: str = "subprocess") -> None:
-        self.topology = load_script("topology")
+        self.entrypoint = load_script("entrypoint")
+        self.compose_gen = load_script("compose_gen")
         credentials = load_script("credentials")
         self.work = work
         self.nodes = nodes
@@ -45,13 +46,13 @@ class Compose:
         folder = work / "docker"
         folder.mkdir(parents=True, exist_ok=True)
         self.file = folder / "docker-compose.yml"
-        self.file.write_text(self.topology.compose(nodes))
+        self.file.write_text(self.compose_gen.compose(nodes))
         self.credentials = credentials.make_credentials(
-            folder / "credentials", ips=[], nodes=nodes, uid=self.topology.UID
+            folder / "credentials", ips=[], nodes=nodes, uid=self.compose_gen.UID
         )
         self.results = work / "results"
         self.results.mkdir(parents=True, exist_ok=True)
-        os.chown(self.results, self.topology.UID, self.topology.UID)
+        os.chown(self.results, self.compose_gen.UID, self.compose_gen.UID)
         self.env = {
             **os.environ,
             "FEDPERS_RESULTS": str(self.results),
@@ -60,9 +61,9 @@ class Compose:
         }
         self.cli_home = work / "cli"
         self.cli_home.mkdir(parents=True, exist_ok=True)
-        address = f"127.0.0.1:{self.topology.SUPERLINK_PORT}"
+        address = f"127.0.0.1:{self.entrypoint.SUPERLINK_PORT}"
         (self.cli_home / "config.toml").write_text(
-            self.topology.connection_toml(address, str(self.credentials / "operator" / "ca.crt"))
+            self.entrypoint.connection_toml(address, str(self.credentials / "operator" / "ca.crt"))
         )
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -130,7 +131,7 @@ class Compose:
         config = self.work / f"{values['run-name']}.toml"
         config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
         return self.cli(
-            "run", str(PROJECT), self.topology.CONNECTION, "--run-config", str(config),
+            "run", str(PROJECT), self.entrypoint.CONNECTION, "--run-config", str(config),
             "--stream", timeout=timeout,
         )  # fmt: skip
 
@@ -142,7 +143,7 @@ class Compose:
         name = f"{self.project}_{volume}"
         docker(
             "run", "--rm", "--network", "none", "-v", f"{name}:/v:ro", "-v", f"{target}:/out",
-            "--user", "0", "--entrypoint", "sh", self.topology.IMAGE_DEVICE, "-c",
+            "--user", "0", "--entrypoint", "sh", self.compose_gen.IMAGE_DEVICE, "-c",
             f"cp $(find /v -name '{pattern}') /out/ 2>/dev/null; true", check=True,
         )  # fmt: skip
         return {p.name: p.read_bytes() for p in target.iterdir()}

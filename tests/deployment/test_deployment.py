@@ -168,15 +168,15 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
 
 
 def test_compose_file_is_generated_from_the_topology() -> None:
-    topology = load_script("topology")
+    entrypoint, compose_gen = load_script("entrypoint"), load_script("compose_gen")
     compose = (PROJECT / "docker" / "docker-compose.yml").read_text()
-    assert compose == topology.compose(topology.NODES)
+    assert compose == compose_gen.compose(entrypoint.NODES)
     import yaml
 
     services = yaml.safe_load(compose)["services"]
-    nodes = [f"supernode-{i}" for i in range(topology.NODES)]
+    nodes = [f"supernode-{i}" for i in range(entrypoint.NODES)]
     assert set(services) == {"superlink", "fleet", "register", *nodes}
-    port, proxy = topology.SUPERLINK_PORT, topology.PROXY_PORT
+    port, proxy = entrypoint.SUPERLINK_PORT, entrypoint.PROXY_PORT
     # All the SuperLink's APIs on the operator's loopback only; devices get the proxy.
     assert services["superlink"]["ports"] == [f"127.0.0.1:{port}:{port}"]
     assert services["fleet"]["ports"] == [f"${{FEDPERS_FLEET_PUBLISH:-0.0.0.0}}:{proxy}:{proxy}"]
@@ -195,11 +195,11 @@ def test_compose_file_is_generated_from_the_topology() -> None:
         assert service["restart"] == "unless-stopped"
         assert "healthcheck" in service
     assert "./credentials/ca" not in compose
-    flags = topology.superlink_args("/c", "/d")
+    flags = entrypoint.superlink_args("/c", "/d")
     for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth"):
         assert flag in flags
     assert "--insecure" not in flags
-    node = topology.supernode_args(
+    node = entrypoint.supernode_args(
         1, credentials="/c", superlink="superlink:9091", num_nodes=3, state_dir="/s"
     )
     assert node[node.index("--node-config") + 1] == "partition-id=1 num-partitions=3 state-dir='/s'"

@@ -148,7 +148,7 @@ print(json.dumps(out))
     ran = docker(
         "run", "--rm", "--network", deployment.network("devices"),
         "-v", f"{deployment.credentials / 'node0' / 'ca.crt'}:/credentials/ca.crt:ro",
-        "--entrypoint", "python", deployment.topology.IMAGE_DEVICE, "-c", probe,
+        "--entrypoint", "python", deployment.compose_gen.IMAGE_DEVICE, "-c", probe,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     seen = json.loads(ran.stdout.strip().splitlines()[-1])
@@ -159,7 +159,7 @@ print(json.dumps(out))
     assert seen["fleet"] not in (403, 404), seen  # reached the SuperLink's Fleet API
     assert seen["superlink_direct"] != "reached", seen  # not on the devices' network
     # The operator's side: the Control API answers (list the runs).
-    listed = deployment.cli("ls", deployment.topology.CONNECTION, "--format", "json", timeout=60)
+    listed = deployment.cli("ls", deployment.entrypoint.CONNECTION, "--format", "json", timeout=60)
     assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
@@ -315,7 +315,8 @@ def test_a_node_with_trusted_entities_refuses_an_unsigned_app(
         "-v", f"{credentials}:/credentials:ro", "-v", f"{trust}:/trust:ro",
         "-e", "FEDPERS_TRUSTED_ENTITIES=/trust/trusted-entities.yaml",
         "-e", "FEDPERS_SUPERLINK=fleet:9092", "-e", f"FEDPERS_NODES={NODES}",
-        deployment.topology.IMAGE_DEVICE, "python", "docker/topology.py", "exec", "supernode", "2",
+        deployment.compose_gen.IMAGE_DEVICE,
+        "python", "docker/entrypoint.py", "exec", "supernode", "2",
     )  # fmt: skip
     try:
         assert started.returncode == 0, started.stderr
