@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
 from fedpers import protocol
+from fedpers.atomic import save_npz
 from fedpers.config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -111,12 +111,7 @@ def persist(run: RunConfig, context: Context, *, server_round: int, token: str =
     configs = {name: dict(values) for name, values in context.state.config_records.items()}
     payload["__configs__"] = np.array(json.dumps(configs))
     path = directory / f"{_stem(run, context, token)}-round-{server_round}.npz"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        np.savez(handle, **payload)  # type: ignore[arg-type]  # numpy stubs: **kwargs
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    save_npz(path, payload)
     kept = snapshots(run, context, token)
     for old in sorted(kept)[:-KEEP]:
         kept[old].unlink(missing_ok=True)

@@ -6,10 +6,11 @@ file, fsync, rename). ``resume = true`` continues a run from its last checkpoint
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from fedpers.atomic import save_npz
 
 CHECKPOINT_FILE = "checkpoint.npz"
 ROUND_KEY = "__round__"
@@ -28,12 +29,7 @@ def save_checkpoint(directory: Path, server_round: int, arrays: dict[str, np.nda
     if ROUND_KEY in arrays:
         raise ValueError(f"array name '{ROUND_KEY}' is reserved")
     path = directory / CHECKPOINT_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        np.savez(handle, **{ROUND_KEY: np.array(server_round)}, **arrays)  # type: ignore[arg-type]
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    save_npz(path, {ROUND_KEY: np.array(server_round), **arrays})
     return path
 
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpers.atomic import write_text
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -169,10 +170,10 @@ class RunRecorder:
             )
         kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
         lines = [_json_line(r.without_clients()) for r in kept]
-        _write_text_atomic(self.directory / ROUNDS_FILE, "".join(lines))
+        write_text(self.directory / ROUNDS_FILE, "".join(lines))
         if (self.directory / CLIENTS_FILE).exists():
             rows = [row for row in read_clients(self.directory) if row["round"] <= resume_after]
-            _write_text_atomic(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
+            write_text(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
         self.records = kept
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
         run = self.directory / RUN_FILE
@@ -326,22 +327,10 @@ def _claim(directory: Path) -> int:
     return handle
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temporary file, fsynced, and a rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     text = json.dumps(_finite_or_null(payload), indent=2, sort_keys=True, allow_nan=False)
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    write_text(path, text + "\n")
 
 
 def _json_line(payload: Mapping[str, Any]) -> str:

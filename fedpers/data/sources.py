@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedpers.atomic import save_npz
 from fedpers.data.registry import DATASETS, DatasetInfo
 from fedpers.seeding import int_seed, isolated_global_numpy_and_random
 
@@ -325,7 +326,4 @@ def _digest(values: dict[str, object]) -> str:
 def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write an .npz so that concurrent readers see either nothing or the whole file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwargs
-    os.replace(tmp, path)
+    save_npz(path, arrays)

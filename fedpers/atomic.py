@@ -1,0 +1,49 @@
+"""Atomic file writes: whoever opens the file, a concurrent reader or a run resumed after
+a crash, finds the old contents or the new ones, never a part of them.
+
+The contents go to a temporary file beside the target (``.NAME.PID.tmp``: same
+directory, so the rename stays on one file system; hidden and without the target's
+suffix, so a ``*.npz`` or ``*.json`` glob never sees it), are flushed and fsynced, and
+``os.replace`` puts them in place. A write that fails removes its temporary file and
+leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Replace ``path`` with ``np.savez`` of ``arrays`` (in their order; the bytes are
+    those ``np.savez`` writes, no ``.npz`` suffix is added)."""
+    import numpy as np  # here: fedpers.results writes text through this module, numpy-free
+
+    with _replacing(path, "wb") as handle:
+        np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwargs
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8)."""
+    with _replacing(path, "w") as handle:
+        handle.write(text)
+
+
+@contextmanager
+def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
