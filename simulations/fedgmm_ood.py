@@ -107,6 +107,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["samples"] = samples
     result["settings"] = values
     write_summary(out, result)
+    tables = _tables(result)
+    (out / "table.md").write_text(
+        f"# OOD detection on digits\n\n{seeds_note(seeds)}\n\n" + "\n".join(tables)
+    )
+    _plot(out / "scores.png", first)
+    print("\n" + "\n".join(tables) + f"\nresults: {out}")
+    return result
+
+
+def _tables(result: dict[str, Any]) -> list[str]:
+    """A markdown table per detection metric: each score under each transform."""
     tables = []
     for metric in ("auroc", "ap", "max_f1"):
         rows = [
@@ -122,12 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for m in SCORES
         ]
         tables.append(f"## {metric}\n\n" + markdown_table(["score", *TRANSFORMS], rows))
-    (out / "table.md").write_text(
-        f"# OOD detection on digits\n\n{seeds_note(seeds)}\n\n" + "\n".join(tables)
-    )
-    _plot(out / "scores.png", first)
-    print("\n" + "\n".join(tables) + f"\nresults: {out}")
-    return result
+    return tables
 
 
 def detection_metrics(inside: np.ndarray, outside: np.ndarray) -> dict[str, float]:

@@ -22,6 +22,7 @@ DIR/clients.png (per-client CDF) and every run's results under DIR/runs/METHOD-s
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
@@ -96,20 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     directories = run_methods(args, values, chosen, seeds, shared={"fedavg": "fedavg-ft"})
     out = args.out.expanduser().resolve()
 
-    final: dict[tuple[str, int], float] = {}
-    for (method, seed), directory in directories.items():
-        summary = read_summary(directory)
-        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
-        final[(method, seed)] = summary[
-            "final_accuracy_before_finetune" if before else "final_accuracy"
-        ]
-    clients = {}
-    for method in chosen:
-        summary = read_summary(directories[(method, seeds[0])])
-        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
-        clients[method] = summary.get(
-            "client_accuracy_before_finetune" if before else "client_accuracy", {}
-        )
+    final, clients = _accuracies(directories, chosen, seeds)
     config = read_config(directories[(chosen[0], seeds[0])])
     result = {
         "dataset": config["dataset"],
@@ -135,6 +123,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot_client_cdf(result["per_client"], out / "clients.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
     return result
+
+
+def _accuracies(
+    directories: dict[tuple[str, int], Path], chosen: list[str], seeds: list[int]
+) -> tuple[dict[tuple[str, int], float], dict[str, dict[str, float]]]:
+    """Each run's final accuracy, and each method's per-client accuracies (first seed);
+    FedAvg's are those of the FedAvg+FT run before fine-tuning when the two share it."""
+    final: dict[tuple[str, int], float] = {}
+    for (method, seed), directory in directories.items():
+        summary = read_summary(directory)
+        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        final[(method, seed)] = summary[
+            "final_accuracy_before_finetune" if before else "final_accuracy"
+        ]
+    clients = {}
+    for method in chosen:
+        summary = read_summary(directories[(method, seeds[0])])
+        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        clients[method] = summary.get(
+            "client_accuracy_before_finetune" if before else "client_accuracy", {}
+        )
+    return final, clients
 
 
 if __name__ == "__main__":

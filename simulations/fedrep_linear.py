@@ -24,6 +24,7 @@ results under DIR/runs/.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,44 @@ def _step_sizes(text: str) -> dict[str, float]:
     return sizes
 
 
+Key = tuple[str, int | None, int]  # (method, n of Figure 3 or None for Figure 4, seed)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run Figures 3 and 4 and write their summary; returns the summary."""
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.clients, args.new_rounds = [10, 100], 60
+        args.m_new = [4, 10, 40]
+        args.new_clients = 20
+    seeds = seeds_of(args)
+    values = settings(args, SETTINGS, QUICK)
+    keys, runs = _runs(args, seeds, values)
+    validate_runs(runs)
+    kwargs = resources(args)
+    out = prepare_output(args.out, overwrite=args.overwrite)
+    with LocalSimulation() as simulation:
+        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    figure3: dict[int, dict[str, dict[int, Path]]] = {
+        s: {m: {} for m in FIGURE3_METHODS} for s in seeds
+    }
+    figure4: dict[int, dict[str, Path]] = {s: {} for s in seeds}
+    for (method, n, seed), directory in zip(keys, directories, strict=True):
+        if n is None:
+            figure4[seed][method] = directory
+        else:
+            figure3[seed][method][n] = directory
+
+    summary = _summary(args, seeds, values, figure3, figure4)
+    write_summary(out, summary)
+    new_client_mse = summary["new_client_mse"]
+    _figures(out, figure3[seeds[0]], args.clients, new_client_mse)
+    table, table4 = _tables(out, args, seeds, summary)
+    print(f"\nFigure 3\n{table}\nFigure 4 (new-client test MSE)\n{table4}\nresults: {out}")
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=_ints, default=[10, 100, 1000], help="values of n")
     add_key_flags(
@@ -120,18 +157,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="labelled samples of a new client",
     )
     parser.add_argument("--new-clients", type=int, default=50, help="new clients averaged over")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.clients, args.new_rounds = [10, 100], 60
-        args.m_new = [4, 10, 40]
-        args.new_clients = 20
-    seeds = seeds_of(args)
-    values = settings(args, SETTINGS, QUICK)
+    return parser
+
+
+def _runs(
+    args: argparse.Namespace, seeds: list[int], values: dict[str, Any]
+) -> tuple[list[Key], list[dict[str, Any]]]:
+    """Every run of both figures, with its key."""
     common = {
         k: v for k, v in values.items() if k not in ("linear-dim", "linear-samples", "num-rounds")
     }
     common["results-dir"] = str(args.out.expanduser().resolve() / "runs")
-    keys: list[tuple[str, int | None, int]] = []
+    keys: list[Key] = []
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         for n in args.clients:
@@ -167,21 +204,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "run-name": f"figure4-{method}-seed{seed}",
                 }
             )
-    validate_runs(runs)
-    kwargs = resources(args)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
-    figure3: dict[int, dict[str, dict[int, Path]]] = {
-        s: {m: {} for m in FIGURE3_METHODS} for s in seeds
-    }
-    figure4: dict[int, dict[str, Path]] = {s: {} for s in seeds}
-    for (method, n, seed), directory in zip(keys, directories, strict=True):
-        if n is None:
-            figure4[seed][method] = directory
-        else:
-            figure3[seed][method][n] = directory
+    return keys, runs
 
+
+def _summary(
+    args: argparse.Namespace,
+    seeds: list[int],
+    values: dict[str, Any],
+    figure3: dict[int, dict[str, dict[int, Path]]],
+    figure4: dict[int, dict[str, Path]],
+) -> dict[str, Any]:
+    """The figures' numbers over seeds, from the run directories."""
     distance = {
         m: {
             str(n): [
@@ -228,9 +261,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
     )
     summary["settings"] = {**values, "clients": args.clients, "m_new": args.m_new}
-    write_summary(out, summary)
+    return summary
+
+
+def _tables(
+    out: Path, args: argparse.Namespace, seeds: list[int], summary: dict[str, Any]
+) -> tuple[str, str]:
+    """Write DIR/table.md; return the tables of Figure 3 and Figure 4."""
     new_client_mse = summary["new_client_mse"]
-    _figures(out, figure3[seeds[0]], args.clients, new_client_mse)
     distance_mean, below_mean = summary["principal_angle_distance"], summary["rounds_to_0.01"]
     table = markdown_table(
         [
@@ -262,8 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"Means over seeds {', '.join(map(str, seeds))} (summary.json: std, 95% intervals, "
         f"per seed).\n\n# Figure 3\n\n{table}\n{spread}\n# Figure 4 (test MSE)\n\n{table4}"
     )
-    print(f"\nFigure 3\n{table}\nFigure 4 (new-client test MSE)\n{table4}\nresults: {out}")
-    return summary
+    return table, table4
 
 
 def new_client_errors(

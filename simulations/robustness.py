@@ -25,6 +25,7 @@ DIR/runs/.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -261,16 +262,7 @@ def _attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, An
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the fuzz sweep and the attack table; returns the summary."""
-    parser = output_parser(__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--scale",
-        type=float,
-        default=SIGN_FLIP_SCALE,
-        help=f"sign-flip attack: the update sent as -scale times itself "
-        f"(default {SIGN_FLIP_SCALE:g})",
-    )
-    parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     seeds = seeds_of(args)
     values = settings(args, {})
     runs_dir = args.out.expanduser().resolve() / "runs"
@@ -302,7 +294,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
         judge(run, fuzz_dirs[name])
-    fuzz_summary = {
+    fuzz_summary = _fuzz_summary(every, fuzz_dirs)
+    write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
+    attack_summary = _attack_table(attacks, attack_dirs)
+    result = {
+        "fuzz": fuzz_summary,
+        "attack": attack_summary,
+        "sign_flip_scale": args.scale,
+        "seeds": seeds,
+        "quick": args.quick,
+    }
+    write_json(out / "summary.json", result)
+    table = _report(fuzz_summary, attack_summary, every)
+    (out / "table.md").write_text(table)
+    print(f"\n{table}\nresults: {out}")
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = output_parser(__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=SIGN_FLIP_SCALE,
+        help=f"sign-flip attack: the update sent as -scale times itself "
+        f"(default {SIGN_FLIP_SCALE:g})",
+    )
+    parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
+    return parser
+
+
+def _fuzz_summary(every: list[Case], fuzz_dirs: dict[str, Path | None]) -> dict[str, Any]:
+    """What the fuzz sweep found: crashes, rejections, and the cases judged wrongly."""
+    return {
         "cases": len(every),
         "runs_crashed": sum(d is None for d in fuzz_dirs.values()),
         "replies_rejected": sum(c.rejected for c in every),
@@ -319,20 +343,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
         "families": sorted({c.family for c in every}),
     }
-    write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
-    attack_summary = _attack_table(attacks, attack_dirs)
-    result = {
-        "fuzz": fuzz_summary,
-        "attack": attack_summary,
-        "sign_flip_scale": args.scale,
-        "seeds": seeds,
-        "quick": args.quick,
-    }
-    write_json(out / "summary.json", result)
-    table = _report(fuzz_summary, attack_summary, every)
-    (out / "table.md").write_text(table)
-    print(f"\n{table}\nresults: {out}")
-    return result
 
 
 def _attack_table(

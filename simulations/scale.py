@@ -107,39 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     measured: dict[str, dict[str, float]] = {}
     for overrides in runs:
         n = int(overrides["num-clients"])
-        with LocalSimulation() as simulation:
-            memory = MemoryWatch(simulation)
-            launched = time.time()
-            directory = simulation.run(overrides)
-            memory.stop()
-        rounds = read_rounds(directory)
-        steady = [r.train_seconds for r in rounds[1:-1]] or [rounds[-1].train_seconds]
-        config = resolved_config(overrides)
-        plain = plain_loop_seconds(config, [r.round for r in rounds[1:-1]] or [rounds[-1].round])
-        round_seconds = statistics.median(steady)
-        summary = read_summary(directory)
-        startup = summary["startup_unix"]
-        measured[str(n)] = {
-            "round_seconds": round_seconds,
-            "plain_loop_seconds": plain,
-            "ratio": round_seconds / plain,
-            "startup_seconds": summary["rounds_started_unix"] - launched,
-            # the start-up, split: CLI + run start to the ServerApp; the ServerApp
-            # waiting for the simulated nodes to register; asking every node for its
-            # partition (query.info); the initial model (query.initial, Ray actors start)
-            "startup_to_serverapp_seconds": startup["serverapp_started"] - launched,
-            "startup_nodes_seconds": startup["nodes_registered"] - startup["serverapp_started"],
-            "startup_partition_query_seconds": (
-                startup["partitions_known"] - startup["nodes_registered"]
-            ),
-            "startup_initial_model_seconds": (
-                startup["rounds_started"] - startup["partitions_known"]
-            ),
-            "peak_rss_mb": memory.peak_rss / 2**20,
-            "peak_pss_mb": memory.peak_pss / 2**20,
-            "simulation_process_rss_mb": memory.peak_simulation_rss / 2**20,
-            "clients_per_round": max(1, round(0.1 * n)),
-        }
+        measured[str(n)] = _measure(overrides)
         print(f"{n} clients: {measured[str(n)]}", flush=True)
     result: dict[str, Any] = {"clients": measured, "rounds": args.rounds, "quick": args.quick}
     if len(measured) > 1:
@@ -154,7 +122,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ):
             result[name] = (large[key] - small[key]) * 1024 / span
     write_summary(out, result)
-    table = markdown_table(
+    table = _table(measured)
+    per_client = "".join(
+        f"\n{name.replace('_', ' ')}: {result[name]:.1f}\n"
+        for name in ("memory_per_client_kb", "tree_memory_per_client_kb")
+        if name in result
+    )
+    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, 2 cores)\n\n{table}{per_client}")
+    print(f"\n{table}{per_client}\nresults: {out}")
+    return result
+
+
+def _measure(overrides: dict[str, Any]) -> dict[str, float]:
+    """One size through a real `flwr run`: the figures of the module docstring."""
+    n = int(overrides["num-clients"])
+    with LocalSimulation() as simulation:
+        memory = MemoryWatch(simulation)
+        launched = time.time()
+        directory = simulation.run(overrides)
+        memory.stop()
+    rounds = read_rounds(directory)
+    steady = [r.train_seconds for r in rounds[1:-1]] or [rounds[-1].train_seconds]
+    config = resolved_config(overrides)
+    plain = plain_loop_seconds(config, [r.round for r in rounds[1:-1]] or [rounds[-1].round])
+    round_seconds = statistics.median(steady)
+    summary = read_summary(directory)
+    startup = summary["startup_unix"]
+    return {
+        "round_seconds": round_seconds,
+        "plain_loop_seconds": plain,
+        "ratio": round_seconds / plain,
+        "startup_seconds": summary["rounds_started_unix"] - launched,
+        # the start-up, split: CLI + run start to the ServerApp; the ServerApp
+        # waiting for the simulated nodes to register; asking every node for its
+        # partition (query.info); the initial model (query.initial, Ray actors start)
+        "startup_to_serverapp_seconds": startup["serverapp_started"] - launched,
+        "startup_nodes_seconds": startup["nodes_registered"] - startup["serverapp_started"],
+        "startup_partition_query_seconds": (
+            startup["partitions_known"] - startup["nodes_registered"]
+        ),
+        "startup_initial_model_seconds": (startup["rounds_started"] - startup["partitions_known"]),
+        "peak_rss_mb": memory.peak_rss / 2**20,
+        "peak_pss_mb": memory.peak_pss / 2**20,
+        "simulation_process_rss_mb": memory.peak_simulation_rss / 2**20,
+        "clients_per_round": max(1, round(0.1 * n)),
+    }
+
+
+def _table(measured: dict[str, dict[str, float]]) -> str:
+    return markdown_table(
         [
             "clients",
             "trained/round",
@@ -191,14 +207,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for n, m in measured.items()
         ],
     )
-    per_client = "".join(
-        f"\n{name.replace('_', ' ')}: {result[name]:.1f}\n"
-        for name in ("memory_per_client_kb", "tree_memory_per_client_kb")
-        if name in result
-    )
-    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, 2 cores)\n\n{table}{per_client}")
-    print(f"\n{table}{per_client}\nresults: {out}")
-    return result
 
 
 def plain_loop_seconds(config: RunConfig, rounds: list[int]) -> float:

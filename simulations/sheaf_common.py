@@ -79,6 +79,19 @@ def run_grid(
     prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
         directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    result = _grid_summary(keys, directories, seeds, values)
+    write_summary(args.out.expanduser().resolve(), result)
+    return result
+
+
+def _grid_summary(
+    keys: list[tuple[Any, int, str]],
+    directories: list[Path],
+    seeds: list[int],
+    values: dict[str, Any],
+) -> dict[str, Any]:
+    """The summary of ``run_grid`` from its runs (``keys[i]`` = (value, seed,
+    algorithm) of ``directories[i]``)."""
     private: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     communication: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     bytes_per_round: dict[str, list[float]] = {m: [] for m in METHODS}
@@ -111,7 +124,6 @@ def run_grid(
         for m, values_ in agents.items()
     }
     result["settings"] = values
-    write_summary(args.out.expanduser().resolve(), result)
     return result
 
 
@@ -147,6 +159,12 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
     (out / "table.md").write_text(
         f"# {title}\n\nAccuracies in %. {seeds_note(result['seeds'])}\n\n{table}\n{intervals}"
     )
+    _plot(out / "accuracy.png", result, values, label, title)
+    return table
+
+
+def _plot(path: Path, result: dict[str, Any], values: list[Any], label: str, title: str) -> None:
+    """Private and communication accuracy against the swept value, mean ± std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,9 +196,8 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
     axes[0].legend()
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(out / "accuracy.png", dpi=120)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
-    return table
 
 
 def _cell(result: dict[str, Any], metric: str, method: str, value: Any) -> str:

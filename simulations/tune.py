@@ -21,6 +21,7 @@ test figures from a separate run (the scripts, or ``flwr run`` with the value).
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections.abc import Mapping
@@ -119,20 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = settings(args, {}, QUICK)
     base.pop(args.key, None)
     base["evaluate-split"] = "validation"
-    root = args.out.expanduser().resolve() / "runs"
-    keys, runs = [], []
-    for value in grid:
-        for seed in seeds:
-            keys.append((str(value), seed))
-            runs.append(
-                {
-                    **base,
-                    args.key: value,
-                    "seed": seed,
-                    "results-dir": str(root),
-                    "run-name": f"{args.key}-{value}-seed{seed}",
-                }
-            )
+    keys, runs = _runs(args, grid, seeds, base)
     validate_runs(runs)
     kwargs = resources(args)
     out = prepare_output(args.out, overwrite=args.overwrite)
@@ -155,6 +143,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     result["settings"] = base
     write_summary(out, result)
+    table = _table(args, grid, result)
+    title = f"{args.key} on validation, {len(seeds)} seed(s)"
+    (out / "table.md").write_text(f"# {title}\n\n{table}")
+    _plot(out, result, title)
+    print(f"\n{title}\n\n{table}\nchosen: {args.key} = {result['chosen']}; results: {out}")
+    return result
+
+
+def _runs(
+    args: argparse.Namespace, grid: list[Any], seeds: list[int], base: dict[str, Any]
+) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
+    """A run per value and seed, with its key ``(str(value), seed)``."""
+    root = args.out.expanduser().resolve() / "runs"
+    keys, runs = [], []
+    for value in grid:
+        for seed in seeds:
+            keys.append((str(value), seed))
+            runs.append(
+                {
+                    **base,
+                    args.key: value,
+                    "seed": seed,
+                    "results-dir": str(root),
+                    "run-name": f"{args.key}-{value}-seed{seed}",
+                }
+            )
+    return keys, runs
+
+
+def _table(args: argparse.Namespace, grid: list[Any], result: Mapping[str, Any]) -> str:
     rows = [
         (
             value,
@@ -165,14 +183,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         for value in grid
     ]
-    table = markdown_table(
+    return markdown_table(
         [args.key, f"{args.metric} (validation)", "std", "95% interval", ""], rows
     )
-    title = f"{args.key} on validation, {len(seeds)} seed(s)"
-    (out / "table.md").write_text(f"# {title}\n\n{table}")
-    _plot(out, result, title)
-    print(f"\n{title}\n\n{table}\nchosen: {args.key} = {result['chosen']}; results: {out}")
-    return result
 
 
 def _plot(out: Any, result: Mapping[str, Any], title: str) -> None:

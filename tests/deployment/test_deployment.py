@@ -91,6 +91,8 @@ def test_unregistered_supernode_is_refused(cluster: Cluster) -> None:
     assert process.poll() is not None
 
 
+# Long on purpose: one deployed run observed as it goes (its simulated twin beside it,
+# a node killed while round 3 runs, its restart, round 4); no part can run alone.
 def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     cluster: Cluster, tmp_path: Path
 ) -> None:
