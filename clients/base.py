@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpers import protocol
+from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, adaptation_split, client_data
 from fedpers.models import build_model, load_part_arrays, part_arrays

@@ -2,29 +2,20 @@
 
 Each handler reads the run configuration once (typed, validated), builds this node's
 client from the algorithm table's row (``fedpers.algorithms``), and calls it. Message
-types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, plus the
-queries of ``protocol.Query``: ``info`` (partition id and data sizes, which the server
-uses to map nodes to partitions), ``initial`` (the seeded initial shared arrays),
-``moments`` (linear FedRep's Method-of-Moments statistic), FedGMM's initialization
-(``pca``, ``summary``, ``assign``) and Sheaf-FRL's relay (``pilots``, ``maps``,
-``transport``, ``latents``).
+types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, the queries
+every family answers (``protocol.Query``: ``info``, the partition id and data sizes
+that the server maps nodes by, and ``initial``, the seeded initial shared arrays), and
+each registered family's own queries (``fedpers.families``, ``FamilySpec.queries``),
+registered below from the registry.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from fedpers.clients import device_state, faults
-from fedpers.clients.common import (
-    Client,
-    MixtureInitializer,
-    MomentsSource,
-    PilotAgent,
-    SeedsModel,
-)
-from fedpers.clients.linear import TEST_SAMPLES as LINEAR_TEST_SAMPLES
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -38,9 +29,12 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fedpers import protocol
+from fedpers import algorithms, families, protocol
+from fedpers.clients import device_state, faults
+from fedpers.clients.common import Client, SeedsModel
 from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes
+from fedpers.families import Faults, QuerySpec
 from fedpers.protocol import Query
 
 app = ClientApp()
@@ -81,36 +75,18 @@ def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Cli
         token = str(_config(msg).get(protocol.RUN_TOKEN, ""))
         before = server_round + (1 if evaluating else 0)
         device_state.restore(run, context, before_round=before, token=token)
-    cls = run.spec.client_class(linear=run.is_linear)
+    cls = run.spec.client_class(family=run.family.name)
     client: Client = cls(run, _partition(context), context.state)
     return client
 
 
-def _incapable(client: Client, capability: str, query: Query) -> TypeError:
-    return TypeError(
-        f"{type(client).__name__} cannot answer query.{query.value}: it does not "
-        f"implement {capability} (clients.common)"
-    )
-
-
-def _seeds_model(run: RunConfig, context: Context, query: Query) -> SeedsModel:
-    client = _client(run, context)
-    if not isinstance(client, SeedsModel):
-        raise _incapable(client, "SeedsModel", query)
-    return client
-
-
-def _mixture(run: RunConfig, context: Context, query: Query) -> MixtureInitializer:
-    client = _client(run, context)
-    if not isinstance(client, MixtureInitializer):
-        raise _incapable(client, "MixtureInitializer", query)
-    return client
-
-
-def _agent(run: RunConfig, context: Context, query: Query) -> PilotAgent:
-    client = _client(run, context)
-    if not isinstance(client, PilotAgent):
-        raise _incapable(client, "PilotAgent", query)
+def _capable(client: Client, capability: type, query: str) -> Any:
+    """``client``, if it implements ``capability``; else a clear error."""
+    if not isinstance(client, capability):
+        raise TypeError(
+            f"{type(client).__name__} cannot answer query.{query}: it does not "
+            f"implement {capability.__name__} ({capability.__module__})"
+        )
     return client
 
 
@@ -187,8 +163,8 @@ def info(msg: Message, context: Context) -> Message:
     """Which partition this node holds, and how many samples."""
     run = _run(context)
     partition = _partition(context)
-    if run.is_linear:  # fresh samples for every round and every test: nothing stored
-        num_train, num_test = run.linear_samples, LINEAR_TEST_SAMPLES
+    if run.family.sample_counts is not None:  # fresh samples every round: nothing stored
+        num_train, num_test = run.family.sample_counts(run)
     elif run.partitioner == Partitioner.GENERATED:  # known without generating anything
         num_train, num_test = generated_sizes(run)
     else:  # the data alone: no model, no torch, for a message every node answers
@@ -209,73 +185,30 @@ def info(msg: Message, context: Context) -> Message:
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts."""
     run = _run(context)
-    client = _seeds_model(run, context, Query.INITIAL)
+    client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
     return _reply(msg, _startup(run, context, client.initial_arrays()), {})
 
 
-@app.query(Query.PCA)
-def pca(msg: Message, context: Context) -> Message:
-    """FedGMM: moment statistics of this node's embedding inputs (pooled PCA)."""
-    run = _run(context)
-    client = _mixture(run, context, Query.PCA)
-    return _reply(msg, _startup(run, context, client.pca_moments()), {})
+def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
+    """The ClientApp handler of a family's query: this node's client answers it (if it
+    implements the query's capability), through the query's fault injection."""
+
+    def handle(msg: Message, context: Context) -> Message:
+        run = _run(context)
+        client = _capable(_client(run, context), query.capability, query.name)
+        arrays, metrics = query.answer(client, run, _arrays(msg), _config(msg))
+        if query.faults is Faults.STARTUP:
+            arrays = _startup(run, context, arrays)
+        elif query.faults is Faults.RELAY:
+            arrays = _relayed(run, context, msg, arrays)
+        return _reply(msg, arrays, metrics)
+
+    handle.__name__ = handle.__qualname__ = f"query_{query.name}"
+    handle.__doc__ = query.doc
+    return handle
 
 
-@app.query(Query.SUMMARY)
-def summary(msg: Message, context: Context) -> Message:
-    """FedGMM: local k-means centroids of the embeddings (federated k-means++)."""
-    run = _run(context)
-    client = _mixture(run, context, Query.SUMMARY)
-    return _reply(msg, _startup(run, context, client.summary(_arrays(msg))), {})
-
-
-@app.query(Query.ASSIGN)
-def assign(msg: Message, context: Context) -> Message:
-    """FedGMM: statistics of the embeddings assigned to the nearest initial mean."""
-    run = _run(context)
-    client = _mixture(run, context, Query.ASSIGN)
-    return _reply(msg, _startup(run, context, client.assignment_statistics(_arrays(msg))), {})
-
-
-@app.query(Query.PILOTS)
-def pilots(msg: Message, context: Context) -> Message:
-    """Sheaf-FRL: refit the whitening on the pilots, send the whitened pilot latents."""
-    run = _run(context)
-    client = _agent(run, context, Query.PILOTS)
-    return _reply(msg, _relayed(run, context, msg, client.pilots_message(_config(msg))), {})
-
-
-@app.query(Query.MAPS)
-def maps(msg: Message, context: Context) -> Message:
-    """Sheaf-FRL (homogeneous): compute owned edges' maps, send transported pilots."""
-    run = _run(context)
-    client = _agent(run, context, Query.MAPS)
-    return _reply(msg, _relayed(run, context, msg, client.maps_message(_arrays(msg))), {})
-
-
-@app.query(Query.TRANSPORT)
-def transport(msg: Message, context: Context) -> Message:
-    """Sheaf-FRL (private): own pilots transported into each neighbour's frame."""
-    run = _run(context)
-    client = _agent(run, context, Query.TRANSPORT)
-    neighbours = [int(n) for n in _arrays(msg).get(protocol.NEIGHBOURS, np.zeros(0))]
-    return _reply(msg, _relayed(run, context, msg, client.transport_message(neighbours)), {})
-
-
-@app.query(Query.LATENTS)
-def latents(msg: Message, context: Context) -> Message:
-    """Sheaf-FRL: whitened pilots and test latents for communication accuracy."""
-    run = _run(context)
-    client = _agent(run, context, Query.LATENTS)
-    return _reply(msg, client.latents_message(_config(msg)), {})
-
-
-@app.query(Query.MOMENTS)
-def moments(msg: Message, context: Context) -> Message:
-    """Linear FedRep's Method-of-Moments statistic."""
-    run = _run(context)
-    client = _client(run, context)
-    if not isinstance(client, MomentsSource):
-        raise _incapable(client, "MomentsSource", Query.MOMENTS)
-    moments = _startup(run, context, client.moments())
-    return _reply(msg, moments, {protocol.NUM_EXAMPLES: float(run.linear_samples)})
+algorithms.load_extensions()  # families that installed packages register
+for _family in families.all_families():
+    for _query in _family.queries:
+        app.query(_query.name)(family_handler(_query))

@@ -4,7 +4,8 @@
   node's ``context.state``; torch clients add threads, device and data
   (``clients.base.TorchClient``).
 - Typed interfaces (``typing.Protocol``) of what the ClientApp's handlers call: every
-  client trains and evaluates; some also answer start-up and relay queries.
+  client trains and evaluates, and seeds the initial arrays; the interfaces of a
+  family's own queries are the family's (``fedpers.families``).
 - Reading the server's per-round settings from a message.
 """
 
@@ -58,53 +59,6 @@ class SeedsModel(Protocol):
 
     def initial_arrays(self) -> Arrays:
         """The round-0 shared arrays."""
-        ...
-
-
-@runtime_checkable
-class MomentsSource(Protocol):
-    """Linear FedRep's Method-of-Moments statistic (``query.moments``)."""
-
-    def moments(self) -> Arrays:
-        """The statistic of this client's samples."""
-        ...
-
-
-@runtime_checkable
-class MixtureInitializer(Protocol):
-    """FedGMM's start-up queries (``query.pca``, ``query.summary``, ``query.assign``)."""
-
-    def pca_moments(self) -> Arrays:
-        """Moment statistics of the embedding inputs."""
-        ...
-
-    def summary(self, arrays: Arrays) -> Arrays:
-        """Local k-means centroids and counts."""
-        ...
-
-    def assignment_statistics(self, arrays: Arrays) -> Arrays:
-        """Statistics of the samples assigned to the nearest initial mean."""
-        ...
-
-
-@runtime_checkable
-class PilotAgent(Protocol):
-    """A Sheaf-FRL agent's relay queries."""
-
-    def pilots_message(self, config: ConfigRecord) -> Arrays:
-        """Its whitened pilot latents."""
-        ...
-
-    def maps_message(self, arrays: Arrays) -> Arrays:
-        """Owned edges' maps and transported pilots (homogeneous variant)."""
-        ...
-
-    def transport_message(self, neighbours: list[int]) -> Arrays:
-        """Own pilots in each neighbour's coordinates (private variant)."""
-        ...
-
-    def latents_message(self, config: ConfigRecord) -> Arrays:
-        """Whitened pilots and test latents, for communication accuracy."""
         ...
 
 

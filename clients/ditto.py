@@ -12,16 +12,15 @@ from __future__ import annotations
 import copy
 
 import torch
-from fedpers.clients.base import PersonalizedClient
-from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpers import protocol
+from fedpers.clients.base import PersonalizedClient
+from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
+from fedpers.families.personalized import DittoSettings
 from fedpers.models import load_part_arrays, part_arrays
 from fedpers.training import evaluate, train
-
-LAMBDA = "ditto-lambda"
 
 
 class DittoClient(PersonalizedClient):
@@ -34,7 +33,7 @@ class DittoClient(PersonalizedClient):
         stored = state.get(protocol.STATE_PERSONAL)
         if isinstance(stored, ArrayRecord):
             load_part_arrays(self.personal_model, {k: v.numpy() for k, v in stored.items()})
-        self.lam = float(run.setting(LAMBDA))
+        self.lam = run.group(DittoSettings).ditto_lambda
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """FedAvg's update of the global model, then ``v`` toward the received ``w^t``."""

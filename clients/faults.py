@@ -19,11 +19,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ConfigRecord, Message, MetricRecord
 
 from fedpers import protocol
+from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
+from fedpers.families import mixture as mixture_family
+from fedpers.families import sheaf as sheaf_family
 from fedpers.faults import Fault, parse_faults
 from fedpers.seeding import rng
 
@@ -91,14 +93,14 @@ def after_fit(
         arrays = {k: np.full_like(v, np.nan) for k, v in arrays.items()}
     if "dtype" in active:
         arrays = {k: v.astype(np.float16) for k, v in arrays.items()}
-    if (fault := active.get("responsibilities")) and protocol.GAMMA in arrays:
-        arrays[protocol.GAMMA] = np.full_like(arrays[protocol.GAMMA], _value(fault))
-    if "responsibilities-shape" in active and protocol.GAMMA in arrays:
-        gamma = arrays[protocol.GAMMA]
-        arrays[protocol.GAMMA] = np.concatenate([gamma, gamma[:1]])
-    if protocol.STATS_SECOND in arrays and active.keys() & {"non-psd", "asymmetric"}:
-        arrays[protocol.STATS_SECOND] = _bad_second_moments(
-            arrays[protocol.STATS_SECOND], asymmetric="asymmetric" in active
+    if (fault := active.get("responsibilities")) and mixture_family.GAMMA in arrays:
+        arrays[mixture_family.GAMMA] = np.full_like(arrays[mixture_family.GAMMA], _value(fault))
+    if "responsibilities-shape" in active and mixture_family.GAMMA in arrays:
+        gamma = arrays[mixture_family.GAMMA]
+        arrays[mixture_family.GAMMA] = np.concatenate([gamma, gamma[:1]])
+    if mixture_family.STATS_SECOND in arrays and active.keys() & {"non-psd", "asymmetric"}:
+        arrays[mixture_family.STATS_SECOND] = _bad_second_moments(
+            arrays[mixture_family.STATS_SECOND], asymmetric="asymmetric" in active
         )
     if arrays and active.keys() & {"shape", "rename", "extra", "drop"}:
         first = next(iter(arrays))
@@ -180,7 +182,11 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
 def relay(run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays) -> Arrays:
     """Corrupt Sheaf-FRL pilots (own or transported), if asked to in this round."""
     active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
-    pilots = [k for k in arrays if k == protocol.PILOTS or k.startswith(protocol.TRANSPORTED + ".")]
+    pilots = [
+        k
+        for k in arrays
+        if k == sheaf_family.PILOTS or k.startswith(sheaf_family.TRANSPORTED + ".")
+    ]
     if fault := active.get("pilots-scale"):
         arrays = {**arrays, **{k: arrays[k] * _value(fault) for k in pilots}}
     if "pilots-nan" in active:

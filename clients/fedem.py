@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from fedpers.clients.base import TorchClient
-from fedpers.clients.common import Arrays, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch.nn import functional as F
 
 from fedpers import gmm, protocol
+from fedpers.clients.base import TorchClient
+from fedpers.clients.common import Arrays, Metrics, config_float, config_int
 from fedpers.config import RunConfig
 from fedpers.data.client import adaptation_split
+from fedpers.families import mixture as mixture_family
 from fedpers.models import SplitModel, build_model, load_part_arrays, part_arrays
 from fedpers.seeding import int_seed
 from fedpers.training import train
@@ -42,17 +43,19 @@ class FedEMClient(TorchClient):
                 int_seed(run.seed, "learner", m),
                 run.input_shape,
             )
-            for m in range(run.mixture_learners)
+            for m in range(mixture_family.settings(run).mixture_learners)
         ]
         for learner in self.learners:
             learner.to(self.device)
         stored = state.get(protocol.STATE_PERSONAL)
         if stored is not None:
             assert isinstance(stored, ArrayRecord)
-            self.weights = stored[protocol.MIXTURE_WEIGHTS].numpy()
+            self.weights = stored[mixture_family.MIXTURE_WEIGHTS].numpy()
         else:
-            cells = self.components * run.mixture_learners
-            self.weights = np.full((self.components, run.mixture_learners), 1.0 / cells)
+            cells = self.components * mixture_family.settings(run).mixture_learners
+            self.weights = np.full(
+                (self.components, mixture_family.settings(run).mixture_learners), 1.0 / cells
+            )
 
     @property
     def components(self) -> int:
@@ -72,7 +75,7 @@ class FedEMClient(TorchClient):
     def initial_arrays(self) -> Arrays:
         """The seeded learners, each under its ``learnerM.`` prefix."""
         return {
-            protocol.learner_prefix(m) + name: value
+            mixture_family.learner_prefix(m) + name: value
             for m, learner in enumerate(self.learners)
             for name, value in part_arrays(learner, protocol.MODEL_PARTS).items()
         }
@@ -80,7 +83,7 @@ class FedEMClient(TorchClient):
     def load_learners(self, arrays: Arrays) -> None:
         """Overwrite the learners with the server's; every learner must be there."""
         for m, learner in enumerate(self.learners):
-            prefix = protocol.learner_prefix(m)
+            prefix = mixture_family.learner_prefix(m)
             mine = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
             expected = set(part_arrays(learner, protocol.MODEL_PARTS))
             if set(mine) != expected:
@@ -102,8 +105,11 @@ class FedEMClient(TorchClient):
 
     def mixture_log_weights(self, arrays: Arrays) -> np.ndarray:
         """``log pi`` used in the E-step: personal, or the server's if weights are shared."""
-        if self.run.gmm_shared_weights and protocol.MIXTURE_WEIGHTS in arrays:
-            return np.log(arrays[protocol.MIXTURE_WEIGHTS])
+        if (
+            mixture_family.settings(self.run).gmm_shared_weights
+            and mixture_family.MIXTURE_WEIGHTS in arrays
+        ):
+            return np.log(arrays[mixture_family.MIXTURE_WEIGHTS])
         return np.log(self.weights)
 
     # -------------------------------------------------------------------- messages
@@ -119,7 +125,7 @@ class FedEMClient(TorchClient):
         )
         self.weights = gmm.update_weights(responsibilities)
         self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {protocol.MIXTURE_WEIGHTS: Array(self.weights.copy())}
+            {mixture_family.MIXTURE_WEIGHTS: Array(self.weights.copy())}
         )
         extra = self.statistics(x, responsibilities, arrays)
         learner_weights = self.tensor(responsibilities.sum(axis=1).astype(np.float32))
@@ -143,12 +149,12 @@ class FedEMClient(TorchClient):
         reply = {
             **self.initial_arrays(),
             **extra,
-            protocol.GAMMA: responsibilities.sum(axis=0),
+            mixture_family.GAMMA: responsibilities.sum(axis=0),
         }
         return reply, {
             protocol.NUM_EXAMPLES: float(len(y)),
             protocol.LOSS: loss,
-            protocol.LOG_LIKELIHOOD: float(np.mean(log_joint)),
+            mixture_family.LOG_LIKELIHOOD: float(np.mean(log_joint)),
         }
 
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
@@ -162,7 +168,7 @@ class FedEMClient(TorchClient):
                 self.run.seed,
                 self.partition_id,
             )
-            start = arrays.get(protocol.MIXTURE_WEIGHTS, np.exp(log_weights))
+            start = arrays.get(mixture_family.MIXTURE_WEIGHTS, np.exp(log_weights))
             log_probs = self.learner_log_probs(x_adapt)
             adapted = gmm.adapt_weights(
                 self.log_densities(x_adapt, arrays),

@@ -12,20 +12,14 @@ the exact federated M-step. ``pi_c`` never leaves the device.
 from __future__ import annotations
 
 import numpy as np
+
+from fedpers import gmm
 from fedpers.clients.common import Arrays
 from fedpers.clients.fedem import FedEMClient
-
-from fedpers import gmm, protocol
-from fedpers.config import Embedding
 from fedpers.data.registry import DATASETS
 from fedpers.embedding import encode, flatten, project
-from fedpers.protocol import (
-    PCA_COUNT,
-    PCA_OUTER,
-    PCA_SUM,
-    SUMMARY_CENTROIDS,
-    SUMMARY_COUNTS,
-)
+from fedpers.families import mixture as mixture_family
+from fedpers.families.mixture import Embedding
 from fedpers.seeding import int_seed
 
 
@@ -34,26 +28,32 @@ class FedGMMClient(FedEMClient):
 
     @property
     def components(self) -> int:
-        return self.run.gmm_components
+        return mixture_family.settings(self.run).gmm_components
 
     # ------------------------------------------------------------------- embedding
     def features(self, x: np.ndarray) -> np.ndarray:
         """What the embedding starts from: raw vectors, or encoder features."""
-        if self.run.embedding != Embedding.RESNET18:
+        if mixture_family.embedding(self.run) != Embedding.RESNET18:
             return flatten(x)
         shape = DATASETS[self.run.dataset].image_shape
         assert shape is not None
-        return encode(x.reshape((len(x), *shape)), self.run.gmm_encoder_weights)
+        return encode(
+            x.reshape((len(x), *shape)), mixture_family.settings(self.run).gmm_encoder_weights
+        )
 
     def embed(self, x: np.ndarray, arrays: Arrays) -> np.ndarray:
         """``z = phi(x)``: identity, or the pooled PCA sent by the server."""
-        if self.run.embedding == Embedding.IDENTITY:
+        if mixture_family.embedding(self.run) == Embedding.IDENTITY:
             return flatten(x)
-        return project(self.features(x), arrays[protocol.PCA_MEAN], arrays[protocol.PCA_DIRECTIONS])
+        return project(
+            self.features(x), arrays[mixture_family.PCA_MEAN], arrays[mixture_family.PCA_DIRECTIONS]
+        )
 
     def components_of(self, arrays: Arrays) -> gmm.Components:
         """The server's Gaussian components."""
-        return gmm.Components(arrays[protocol.GMM_MEANS], arrays[protocol.GMM_COVARIANCES])
+        return gmm.Components(
+            arrays[mixture_family.GMM_MEANS], arrays[mixture_family.GMM_COVARIANCES]
+        )
 
     # -------------------------------------------------------------- FedEM hooks
     def log_densities(self, x: np.ndarray, arrays: Arrays) -> np.ndarray:
@@ -73,7 +73,11 @@ class FedGMMClient(FedEMClient):
     def pca_moments(self) -> Arrays:
         """``(n, sum f, sum f f^T)`` of this client's embedding inputs (pooled PCA)."""
         count, total, outer = gmm.moment_statistics(self.features(self.data.x_train))
-        return {PCA_COUNT: np.array([count]), PCA_SUM: total, PCA_OUTER: outer}
+        return {
+            mixture_family.PCA_COUNT: np.array([count]),
+            mixture_family.PCA_SUM: total,
+            mixture_family.PCA_OUTER: outer,
+        }
 
     def summary(self, arrays: Arrays) -> Arrays:
         """Local k-means centroids and sizes of the embeddings (federated k-means++)."""
@@ -82,21 +86,24 @@ class FedGMMClient(FedEMClient):
             clusters=2 * self.components,
             seed=int_seed(self.run.seed, "local-kmeans", self.partition_id),
         )
-        return {SUMMARY_CENTROIDS: centroids, SUMMARY_COUNTS: counts}
+        return {mixture_family.SUMMARY_CENTROIDS: centroids, mixture_family.SUMMARY_COUNTS: counts}
 
     def assignment_statistics(self, arrays: Arrays) -> Arrays:
         """Statistics of hard assignments to the initial means (initial covariances)."""
         z = self.embed(self.data.x_train, arrays)
-        means = arrays[protocol.GMM_MEANS]
+        means = arrays[mixture_family.GMM_MEANS]
         stats = gmm.sufficient_statistics(
-            z, gmm.hard_responsibilities(z, means), means, self.run.gmm_covariance
+            z,
+            gmm.hard_responsibilities(z, means),
+            means,
+            mixture_family.settings(self.run).gmm_covariance,
         )
         return _stats_arrays(stats)
 
 
 def _stats_arrays(stats: gmm.Statistics) -> Arrays:
     return {
-        protocol.STATS_COUNT: stats.count,
-        protocol.STATS_FIRST: stats.first,
-        protocol.STATS_SECOND: stats.second,
+        mixture_family.STATS_COUNT: stats.count,
+        mixture_family.STATS_FIRST: stats.first,
+        mixture_family.STATS_SECOND: stats.second,
     }

@@ -10,17 +10,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
-from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpers import linear, protocol
+from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers.config import RunConfig
 from fedpers.data.synthetic import LinearTasks
-from fedpers.protocol import LINEAR_BODY as BODY
-from fedpers.protocol import LINEAR_HEAD as HEAD
+from fedpers.families import linear as linear_family
+from fedpers.families.linear import BODY, HEAD
 from fedpers.seeding import rng
-
-TEST_SAMPLES = 1000
 
 
 class LinearClient(ClientBase, ABC):
@@ -28,18 +26,25 @@ class LinearClient(ClientBase, ABC):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.tasks = LinearTasks(run.linear_dim, run.linear_rank, run.linear_noise_std, run.seed)
+        self.tasks = LinearTasks(
+            linear_family.settings(run).linear_dim,
+            linear_family.settings(run).linear_rank,
+            linear_family.settings(run).linear_noise_std,
+            run.seed,
+        )
 
     def samples(
         self, purpose: str, server_round: int, count: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of this client for ``purpose`` in ``server_round``."""
         generator = rng(self.run.seed, "linear", purpose, self.partition_id, server_round)
-        return self.tasks.sample(self.partition_id, count or self.run.linear_samples, generator)
+        return self.tasks.sample(
+            self.partition_id, count or linear_family.settings(self.run).linear_samples, generator
+        )
 
     def moments(self) -> Arrays:
         """The Method-of-Moments statistic of ``m`` samples (FedRep's initialization)."""
-        return {protocol.MOMENTS: linear.moment_statistic(*self.samples("moments", 0))}
+        return {linear_family.MOMENTS: linear.moment_statistic(*self.samples("moments", 0))}
 
     def stored_head(self) -> np.ndarray | None:
         """The head kept from earlier rounds, if any."""
@@ -64,7 +69,7 @@ class LinearClient(ClientBase, ABC):
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
         """Mean squared error on fresh test samples with the client's current model."""
         representation, head = self.model(arrays)
-        x, y = self.samples("test", config_int(config, protocol.ROUND), TEST_SAMPLES)
+        x, y = self.samples("test", config_int(config, protocol.ROUND), linear_family.TEST_SAMPLES)
         mse = linear.mean_squared_error(x, y, representation, head)
         return {protocol.NUM_EXAMPLES: float(len(y)), protocol.LOSS: mse}
 
@@ -79,7 +84,7 @@ class LinearFedRepClient(LinearClient):
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         representation = arrays[BODY].T
         x, y = self.samples("train", config_int(config, protocol.ROUND))
-        steps = self.run.linear_head_steps
+        steps = linear_family.settings(self.run).linear_head_steps
         if steps == 0:
             head = linear.least_squares_head(x, y, representation)
         else:
@@ -88,8 +93,8 @@ class LinearFedRepClient(LinearClient):
                 x,
                 y,
                 representation,
-                np.zeros(self.run.linear_rank) if start is None else start,
-                lr=self.run.linear_head_lr,
+                np.zeros(linear_family.settings(self.run).linear_rank) if start is None else start,
+                lr=linear_family.settings(self.run).linear_head_lr,
                 steps=steps,
             )
         self.store_head(head)

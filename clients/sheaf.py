@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from fedpers.clients.base import TorchClient
-from fedpers.clients.common import Arrays, Metrics, config_int
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpers import protocol, sheaf
-from fedpers.config import RunConfig, SheafVariant
+from fedpers.clients.base import TorchClient
+from fedpers.clients.common import Arrays, Metrics, config_int
+from fedpers.config import RunConfig
 from fedpers.data.client import pilot_data
+from fedpers.families import sheaf as sheaf_family
+from fedpers.families.sheaf import SheafVariant
 from fedpers.models.agents import build_agent, pilot_whitening
-from fedpers.protocol import MODEL_PARTS, Whitening
+from fedpers.protocol import MODEL_PARTS
 from fedpers.seeding import int_seed
 from fedpers.training import evaluate, train
 
@@ -44,7 +46,7 @@ class SheafClient(TorchClient):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.specs = run.agent_specs()
+        self.specs = sheaf_family.run_agent_specs(run)
         self.dims = [s.latent for s in self.specs]
         self.model = build_agent(
             self.specs[partition_id],
@@ -58,7 +60,7 @@ class SheafClient(TorchClient):
             self.model.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in stored.items()})
         self.model.to(self.device)
         self.pilots_x, self.pilots_y = pilot_data(run)
-        self.lam = run.sheaf_lambda if self.cooperative else 0.0
+        self.lam = sheaf_family.settings(run).sheaf_lambda if self.cooperative else 0.0
 
     # ------------------------------------------------------------------ helpers
     def save(self) -> None:
@@ -75,7 +77,7 @@ class SheafClient(TorchClient):
 
     def whitening(self, mode: str) -> sheaf.Whitening:
         """Whitening statistics fitted on the pilots' or the training data's latents."""
-        source = self.pilots_x if mode == Whitening.PILOTS else self.data.x_train
+        source = self.pilots_x if mode == sheaf_family.Whitening.PILOTS else self.data.x_train
         return sheaf.Whitening.fit(self.raw_latents(source))
 
     def own_pilots(self) -> np.ndarray:
@@ -117,7 +119,7 @@ class SheafClient(TorchClient):
         """Send the current pilot latents whitened by their own statistics."""
         pilots = self.own_pilots()
         self.save()
-        return {protocol.PILOTS: pilots}
+        return {sheaf_family.PILOTS: pilots}
 
     def maps_message(self, arrays: Arrays) -> Arrays:
         """Homogeneous variant, edge source: one SVD per owned edge; send own pilots
@@ -125,14 +127,14 @@ class SheafClient(TorchClient):
         own = self.own_pilots()
         maps, kept, out = {}, {}, {}
         for name, theirs in arrays.items():
-            _, neighbour = protocol.agent_of(name)
+            _, neighbour = sheaf_family.agent_of(name)
             restriction = self.restriction(neighbour, own, theirs)
             maps[str(neighbour)] = Array(restriction)
             kept[str(neighbour)] = Array(theirs)
-            out[protocol.from_agent(protocol.TRANSPORTED, neighbour)] = self.to_neighbour(
+            out[sheaf_family.from_agent(sheaf_family.TRANSPORTED, neighbour)] = self.to_neighbour(
                 neighbour, own, restriction
             )
-            out[protocol.from_agent(protocol.MAP, neighbour)] = restriction
+            out[sheaf_family.from_agent(sheaf_family.MAP, neighbour)] = restriction
         self.state[STATE_MAPS] = ArrayRecord(maps)
         self.state[STATE_NEIGHBOUR_PILOTS] = ArrayRecord(kept)
         return out
@@ -142,7 +144,7 @@ class SheafClient(TorchClient):
         own = self.own_pilots()
         maps = self._stored(STATE_MAPS)
         return {
-            protocol.from_agent(protocol.TRANSPORTED, j): own
+            sheaf_family.from_agent(sheaf_family.TRANSPORTED, j): own
             @ maps.get(str(j), np.eye(own.shape[1]))
             for j in neighbours
         }
@@ -157,9 +159,9 @@ class SheafClient(TorchClient):
         as ``(target, restriction)``: the penalty compares ``own @ restriction`` (or
         ``own`` when None) with ``target``, one row per pilot."""
         own = self.own_pilots()
-        if self.run.sheaf_variant == SheafVariant.HETEROGENEOUS:
+        if sheaf_family.settings(self.run).sheaf_variant == SheafVariant.HETEROGENEOUS:
             return self._heterogeneous_targets(own, arrays)
-        if self.run.sheaf_variant == SheafVariant.HOMOGENEOUS:
+        if sheaf_family.settings(self.run).sheaf_variant == SheafVariant.HOMOGENEOUS:
             return self._homogeneous_targets(arrays)
         return self._private_targets(own, arrays)
 
@@ -169,7 +171,7 @@ class SheafClient(TorchClient):
         edges: list[tuple[np.ndarray, np.ndarray | None]] = []
         fitted: dict[str, Array] = {}
         for name, theirs in sorted(arrays.items()):
-            _, neighbour = protocol.agent_of(name)
+            _, neighbour = sheaf_family.agent_of(name)
             restriction = self.restriction(neighbour, own, theirs)
             fitted[str(neighbour)] = Array(restriction)
             if sheaf.orient(self.partition_id, neighbour, self.dims)[0] == self.partition_id:
@@ -187,9 +189,9 @@ class SheafClient(TorchClient):
             for key in sorted(kept, key=int)  # own O^T vs theirs
         ]
         for name, received in sorted(arrays.items()):
-            kind, agent = protocol.agent_of(name)
+            kind, agent = sheaf_family.agent_of(name)
             key = str(agent)
-            if kind == protocol.MAP:  # the owner's map of our edge, relayed
+            if kind == sheaf_family.MAP:  # the owner's map of our edge, relayed
                 maps[key] = received
             else:  # the owner's pilots, already transported into this frame
                 edges.append((received, None))
@@ -203,7 +205,7 @@ class SheafClient(TorchClient):
         updated: dict[str, Array] = {}
         edges: list[tuple[np.ndarray, np.ndarray | None]] = []
         for name, received in sorted(arrays.items()):
-            key = str(protocol.agent_of(name)[1])
+            key = str(sheaf_family.agent_of(name)[1])
             # `received` = their pilots through their map to me, W_j M_ji. The best
             # correction R (received R^T ~ own) makes M_ji R^T the optimal map, and my
             # map to them its transpose R M_ij; the neighbour, correcting from the other
@@ -227,7 +229,7 @@ class SheafClient(TorchClient):
             )
             for t, r in edges
         ]
-        batch = self.run.sheaf_pilot_batch
+        batch = sheaf_family.settings(self.run).sheaf_pilot_batch
         lam = self.lam
         penalties: list[float] = []
 
@@ -252,29 +254,33 @@ class SheafClient(TorchClient):
             settings=self.sgd_settings(config),
             generator=generator,
             penalty=penalty if targets else None,
-            max_grad_norm=self.run.sheaf_clip if self.run.sheaf_clip > 0 else None,
+            max_grad_norm=sheaf_family.settings(self.run).sheaf_clip
+            if sheaf_family.settings(self.run).sheaf_clip > 0
+            else None,
         )
         self.save()
         return {}, {
             protocol.NUM_EXAMPLES: float(len(self.data.y_train)),
             protocol.LOSS: stats.loss,
-            protocol.PENALTY: float(np.mean(penalties)) if penalties else 0.0,
+            sheaf_family.PENALTY: float(np.mean(penalties)) if penalties else 0.0,
         }
 
     # ----------------------------------------------------------------- evaluate
     def latents_message(self, config: ConfigRecord) -> Arrays:
         """Whitened test latents and labels, for the neighbours' communication accuracy."""
-        whitening = self.whitening(str(config.get(protocol.WHITENING, Whitening.PILOTS)))
+        whitening = self.whitening(
+            str(config.get(sheaf_family.WHITENING, sheaf_family.Whitening.PILOTS))
+        )
         return {
-            protocol.PILOTS: whitening.whiten(self.raw_latents(self.pilots_x)),
-            protocol.LATENTS: whitening.whiten(self.raw_latents(self.data.x_test)),
-            protocol.LABELS: self.data.y_test.astype(np.int64),
+            sheaf_family.PILOTS: whitening.whiten(self.raw_latents(self.pilots_x)),
+            sheaf_family.LATENTS: whitening.whiten(self.raw_latents(self.data.x_test)),
+            sheaf_family.LABELS: self.data.y_test.astype(np.int64),
         }
 
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
         """Private accuracy, or (``communication = 1``) the accuracy of decoding each
         neighbour's transported test latents with this agent's head."""
-        if not config_int(config, protocol.COMMUNICATION, default=0):
+        if not config_int(config, sheaf_family.COMMUNICATION, default=0):
             stats = evaluate(
                 self.model, self.tensor(self.data.x_test), self.tensor(self.data.y_test)
             )
@@ -282,19 +288,21 @@ class SheafClient(TorchClient):
             return {
                 protocol.NUM_EXAMPLES: 1.0,
                 protocol.ACCURACY: stats.accuracy,
-                protocol.TEST_EXAMPLES: float(stats.num_examples),
+                sheaf_family.TEST_EXAMPLES: float(stats.num_examples),
             }
-        whitening = self.whitening(str(config.get(protocol.WHITENING, Whitening.PILOTS)))
+        whitening = self.whitening(
+            str(config.get(sheaf_family.WHITENING, sheaf_family.Whitening.PILOTS))
+        )
         own = whitening.whiten(self.raw_latents(self.pilots_x))
         metrics: Metrics = {protocol.NUM_EXAMPLES: 1.0}
         accuracies = []
         for name in sorted(arrays):
-            kind, sender = protocol.agent_of(name)
-            if kind != protocol.PILOTS:
+            kind, sender = sheaf_family.agent_of(name)
+            if kind != sheaf_family.PILOTS:
                 continue
             restriction = self.restriction(sender, own, arrays[name])
-            latents = arrays[protocol.from_agent(protocol.LATENTS, sender)]
-            labels = arrays[protocol.from_agent(protocol.LABELS, sender)]
+            latents = arrays[sheaf_family.from_agent(sheaf_family.LATENTS, sender)]
+            labels = arrays[sheaf_family.from_agent(sheaf_family.LABELS, sender)]
             if len(labels) == 0:
                 continue
             received = self.from_neighbour(sender, latents, restriction)
@@ -303,7 +311,7 @@ class SheafClient(TorchClient):
                 raw = self.tensor(whitening.colour(received).astype(np.float32))
                 predicted = self.model.head(raw).argmax(dim=1).cpu().numpy()
             accuracy = float(np.mean(predicted == labels))
-            metrics[protocol.edge_metric(sender)] = accuracy
+            metrics[sheaf_family.edge_metric(sender)] = accuracy
             accuracies.append(accuracy)
         metrics[protocol.ACCURACY] = float(np.mean(accuracies)) if accuracies else float("nan")
         return metrics

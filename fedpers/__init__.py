@@ -6,8 +6,8 @@ as ``fedpers.strategies``, ``fedpers.clients`` and ``fedpers.simulations``: fedp
 claims no other top-level name. A wheel installs the three folders under ``fedpers/``
 (``[tool.setuptools.package-dir]`` of pyproject.toml). In a checkout, in a Flower app
 bundle (FAB) and in the Docker images they are siblings of this package, and the finder
-below maps exactly those three names there; nothing else beside the package becomes
-importable through it.
+below maps exactly those three names there, ahead of any other finder; nothing else
+beside the package becomes importable through it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ SUBPACKAGES = ("strategies", "clients", "simulations")
 
 
 class _SiblingFinder(importlib.abc.MetaPathFinder):
-    """Finds ``fedpers.<name>`` for the names of ``SUBPACKAGES`` in ``root/<name>/``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    """Finds ``fedpers.<name>`` for the names of ``SUBPACKAGES`` beside the ``fedpers``
+    package being imported from (``path``, its ``__path__``), so that a process that
+    meets two copies (a checkout and a FAB) never mixes them."""
 
     def find_spec(
         self,
@@ -36,9 +35,9 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
         package, _, name = fullname.partition(".")
-        if package != __name__ or name not in SUBPACKAGES:
+        if package != __name__ or name not in SUBPACKAGES or not path:
             return None
-        folder = self.root / name
+        folder = Path(path[0]).parent / name
         init = folder / "__init__.py"
         if not init.is_file():
             return None
@@ -51,8 +50,10 @@ def _install_finder() -> None:
     here = Path(__file__).resolve().parent
     if all((here / name).is_dir() for name in SUBPACKAGES):
         return  # installed from a wheel: the subpackages are real folders of fedpers
-    if not any(isinstance(f, _SiblingFinder) and f.root == here.parent for f in sys.meta_path):
-        sys.meta_path.append(_SiblingFinder(here.parent))
+    if not any(type(f).__name__ == _SiblingFinder.__name__ for f in sys.meta_path):
+        # First, so that the three names resolve beside the fedpers that is imported (a
+        # FAB's), not through an editable install's finder that points elsewhere.
+        sys.meta_path.insert(0, _SiblingFinder())
 
 
 _install_finder()

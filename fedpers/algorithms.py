@@ -30,13 +30,17 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 from typing import Any
 
+from fedpers import families
+from fedpers.families.linear import NAME as LINEAR_FAMILY
+from fedpers.families.personalized import DittoSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
 
 
 class Family(StrEnum):
-    """How an algorithm's server and clients talk; each family has its own client base."""
+    """The built-in families (``fedpers.families``); a row names its family by name, so
+    a family from another package needs no member here."""
 
     PERSONALIZED = "personalized"  # a body/head model, part of it averaged by the server
     MIXTURE = "mixture"  # shared learners (and Gaussian components), personal weights
@@ -62,52 +66,6 @@ class Phase:
 JOINT = (Phase(MODEL_PARTS),)
 
 
-SettingValue = bool | int | float | str
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A run-config key that an algorithm declares itself (beyond the common keys of
-    ``fedpers.config``): its default, what it means, and the values it allows.
-
-    Parameters
-    ----------
-    key : str
-        The kebab-case run-config key, e.g. ``ditto-lambda``.
-    default : bool, int, float or str
-        Its default; its type is the key's type.
-    description : str
-        One line for the configuration reference and the scripts' ``--help``.
-    minimum : float, optional
-        Smallest allowed value of a number.
-    choices : tuple of str, optional
-        Allowed values of a string.
-    """
-
-    key: str
-    default: SettingValue
-    description: str
-    minimum: float | None = None
-    choices: tuple[str, ...] = ()
-
-    def check(self, value: SettingValue) -> str | None:
-        """Why ``value`` is not allowed, or None."""
-        kind = type(self.default)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(value) is not kind:
-            return f"has type {type(value).__name__}; it must be {kind.__name__}"
-        if (
-            self.minimum is not None
-            and isinstance(value, int | float)
-            and not value >= self.minimum
-        ):
-            return f"must be at least {self.minimum}"
-        if self.choices and value not in self.choices:
-            return f"is not allowed; choose one of: {', '.join(self.choices)}"
-        return None
-
-
 @dataclass(frozen=True)
 class LinearVariant:
     """Strategy and client of an algorithm's linear-model variant (FedRep, Section 4)."""
@@ -124,8 +82,9 @@ class AlgorithmSpec:
     ----------
     name : str
         The value of the run-config key ``algorithm``.
-    family : Family
-        How server and clients talk.
+    family : str
+        How server and clients talk: the name of a registered family
+        (``fedpers.families``; the built-in ones are the members of ``Family``).
     shared : tuple of str
         Model parts (``body``, ``head``) sent to and averaged by the server; the others
         stay on the device in ``context.state``.
@@ -137,9 +96,9 @@ class AlgorithmSpec:
         The local update of a personalized client, in order.
     final_test : FinalTest (default: NONE)
         What every client does after the last round.
-    settings : tuple of Setting (default: ())
-        Run-config keys the algorithm declares itself, beyond the common keys of
-        ``fedpers.config`` (which every algorithm may read).
+    settings : tuple of type (default: ())
+        Settings groups (``fedpers.settings``) the algorithm declares itself, beyond the
+        core's and its family's; read them with ``run.group(Cls)``.
     unseen : bool (default: False)
         Whether it can serve unseen clients (``unseen-fraction > 0``).
     linear : LinearVariant, optional
@@ -155,13 +114,13 @@ class AlgorithmSpec:
     """
 
     name: str
-    family: Family
+    family: str
     shared: tuple[str, ...]
     strategy: str = "fedpers.strategies.base:FedpersStrategy"
     client: str = "fedpers.clients.base:PersonalizedClient"
     phases: tuple[Phase, ...] = JOINT
     final_test: FinalTest = FinalTest.NONE
-    settings: tuple[Setting, ...] = ()
+    settings: tuple[type, ...] = ()
     unseen: bool = False
     linear: LinearVariant | None = None
     deep: bool = True
@@ -180,19 +139,23 @@ class AlgorithmSpec:
         disk."""
         if self.personal_state is not None:
             return self.personal_state
-        return self.family is not Family.PERSONALIZED or bool(self.personal)
+        return self.family != Family.PERSONALIZED or bool(self.personal)
 
-    def strategy_class(self, *, linear: bool = False) -> Any:
-        """The strategy class (of the linear variant with ``linear``)."""
-        return load(self._variant(linear).strategy if linear else self.strategy)
+    def strategy_class(self, *, family: str | None = None) -> Any:
+        """The strategy class of a run of ``family`` (its linear variant for the linear
+        family's runs; the row's own otherwise)."""
+        return load(self._variant(family).strategy if self._varies(family) else self.strategy)
 
-    def client_class(self, *, linear: bool = False) -> Any:
-        """The client class (of the linear variant with ``linear``)."""
-        return load(self._variant(linear).client if linear else self.client)
+    def client_class(self, *, family: str | None = None) -> Any:
+        """The client class of a run of ``family`` (as ``strategy_class``)."""
+        return load(self._variant(family).client if self._varies(family) else self.client)
 
-    def _variant(self, linear: bool) -> LinearVariant:
+    def _varies(self, family: str | None) -> bool:
+        return family == LINEAR_FAMILY and self.family != LINEAR_FAMILY
+
+    def _variant(self, family: str | None) -> LinearVariant:
         if self.linear is None:
-            raise KeyError(f"algorithm '{self.name}' has no linear variant")
+            raise KeyError(f"algorithm '{self.name}' has no variant for family '{family}'")
         return self.linear
 
 
@@ -258,15 +221,7 @@ _BUILT_IN = (
         shared=MODEL_PARTS,
         client="fedpers.clients.ditto:DittoClient",
         personal_state=True,
-        settings=(
-            Setting(
-                "ditto-lambda",
-                0.1,
-                "Ditto: weight of (lambda/2)||v - w||^2 pulling the personal model v toward "
-                "the global model w",
-                minimum=0.0,
-            ),
-        ),
+        settings=(DittoSettings,),
         paper="Li et al., ICML 2021",
     ),
     AlgorithmSpec(
@@ -335,6 +290,8 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
         If an algorithm of that name exists and ``replace`` is False, or if the row
         names a model part other than ``body``/``head``.
     """
+    if _TABLE.get(spec.name) == spec:  # the same row again (an extension loaded twice)
+        return spec
     if spec.name in _TABLE and not replace:
         raise ValueError(
             f"algorithm '{spec.name}' is already registered; choose another name or pass "
@@ -346,14 +303,10 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
         raise ValueError(
             f"algorithm '{spec.name}' names model part(s) {unknown}; parts are {MODEL_PARTS}"
         )
-    declared = all_settings()
-    for setting in spec.settings:
-        other = declared.get(setting.key)
-        if other is not None and other != setting:
-            raise ValueError(
-                f"algorithm '{spec.name}' declares setting '{setting.key}' differently from "
-                "another algorithm; share one Setting object or choose another key"
-            )
+    try:
+        families.get(spec.family)
+    except KeyError as error:
+        raise ValueError(f"algorithm '{spec.name}': {error.args[0]}") from None
     _TABLE[spec.name] = spec
     return spec
 
@@ -397,6 +350,6 @@ def all_specs() -> list[AlgorithmSpec]:
     return list(_TABLE.values())
 
 
-def all_settings() -> dict[str, Setting]:
-    """Every setting the registered algorithms declare, by key."""
-    return {s.key: s for spec in _TABLE.values() for s in spec.settings}
+def all_groups() -> list[type]:
+    """Every settings group the registered rows declare, each once, in table order."""
+    return list(dict.fromkeys(group for spec in _TABLE.values() for group in spec.settings))

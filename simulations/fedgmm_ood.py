@@ -32,17 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.app import RecordDict
+from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
+
+from fedpers import gmm
+from fedpers.config import RunConfig
+from fedpers.data.client import client_data
+from fedpers.families import mixture as mixture_family
+from fedpers.reports import read_config
 from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
 from fedpers.simulations.runs import run_methods
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table, seeds_note, with_spread, write_summary
-from flwr.app import RecordDict
-from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
-
-from fedpers import gmm, protocol
-from fedpers.config import RunConfig
-from fedpers.data.client import client_data
-from fedpers.reports import read_config
 
 TRANSFORMS = ("rot90", "invert", "flip")
 SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg")
@@ -181,7 +182,7 @@ def sample_scores(
         config, arrays = runs[method]
         client = config.spec.client_class()(config, 0, RecordDict())
         client.load_learners(arrays)
-        log_weights = np.log(arrays[protocol.MIXTURE_WEIGHTS])
+        log_weights = np.log(arrays[mixture_family.MIXTURE_WEIGHTS])
         log_gauss = client.log_densities(x, arrays)
         probs = gmm.predict_proba(log_weights, log_gauss, np.exp(client.learner_log_probs(x)))
         confidence = np.log(np.maximum(probs.max(axis=1), 1e-300))

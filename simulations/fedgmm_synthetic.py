@@ -32,12 +32,11 @@ import sys
 import time
 from typing import Any
 
+from fedpers.reports import read_rounds, read_summary
 from fedpers.simulations.flags import add_key_flags, output_parser, seeds_of, settings
 from fedpers.simulations.plots import plot_client_cdf, plot_seeded
 from fedpers.simulations.runs import run_methods
 from fedpers.simulations.tables import method_summary, method_table, seeds_note, write_summary
-
-from fedpers.reports import read_rounds, read_summary
 
 METHODS = ("fedgmm", "fedem", "fedavg", "local")
 

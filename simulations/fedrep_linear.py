@@ -30,6 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedpers import linear
+from fedpers.data.synthetic import LinearTasks
+from fedpers.reports import plot_rounds, read_rounds, read_summary
+from fedpers.seeding import rng
 from fedpers.simulations.flags import (
     add_key_flags,
     output_parser,
@@ -42,11 +47,6 @@ from fedpers.simulations.launch import LocalSimulation
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table, write_summary
-
-from fedpers import linear
-from fedpers.data.synthetic import LinearTasks
-from fedpers.reports import plot_rounds, read_rounds, read_summary
-from fedpers.seeding import rng
 
 # method -> (algorithm, head gradient steps; 0 = exact least squares)
 FIGURE3_METHODS: dict[str, tuple[str, int]] = {

@@ -35,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedpers.strategies import flower_patches
 from flwr.app import Message, RecordDict
 from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
 from flwr.server.superlink.fleet.vce import vce_api
@@ -49,6 +48,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from fedpers import protocol
+from fedpers.strategies import flower_patches
 
 RUN_ID, TASK_ID = 7, 1
 STATES = ("flower", "indexed", "sqlite")

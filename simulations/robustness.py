@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedpers.aggregation import Aggregation
+from fedpers.reports import read_rounds, read_summary
+from fedpers.results import final_mean, write_json
 from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table
-
-from fedpers.aggregation import Aggregation
-from fedpers.reports import read_rounds, read_summary
-from fedpers.results import final_mean, write_json
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
 MALFORMED = (

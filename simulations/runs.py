@@ -15,10 +15,9 @@ from fedpers.simulations.flags import parallelism, resources
 def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
     """Validate every run config, and that its data can be read, before anything
     starts (clear error, no Flower or Ray start-up)."""
-    from fedpers.simulations.launch import resolved_config
-
     from fedpers.config import ConfigError
     from fedpers.data.sources import DatasetNotFound, check_data_source
+    from fedpers.simulations.launch import resolved_config
 
     checked: set[tuple[str, str]] = set()
     for overrides in runs:

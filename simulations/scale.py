@@ -43,6 +43,13 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from fedpers.aggregation import weighted_mean
+from fedpers.config import RunConfig
+from fedpers.data.client import client_data
+from fedpers.models import build_model, load_part_arrays, part_arrays
+from fedpers.reports import read_rounds, read_summary
+from fedpers.seeding import int_seed
 from fedpers.simulations.flags import output_parser
 from fedpers.simulations.launch import (
     LocalSimulation,
@@ -53,13 +60,6 @@ from fedpers.simulations.launch import (
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.tables import markdown_table, write_summary
 from fedpers.strategies.base import FedpersStrategy
-
-from fedpers.aggregation import weighted_mean
-from fedpers.config import RunConfig
-from fedpers.data.client import client_data
-from fedpers.models import build_model, load_part_arrays, part_arrays
-from fedpers.reports import read_rounds, read_summary
-from fedpers.seeding import int_seed
 from fedpers.training import SGDSettings, train
 
 SIZES = (100, 1000, 5000, 10000)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedpers.reports import read_summary
 from fedpers.simulations.flags import parallelism, resources, seeds_of
 from fedpers.simulations.launch import LocalSimulation
 from fedpers.simulations.runs import prepare_output, validate_runs
@@ -19,8 +21,6 @@ from fedpers.simulations.tables import (
     with_spread,
     write_summary,
 )
-
-from fedpers.reports import read_summary
 
 METHODS = ("sheaf-frl", "non-cooperative", "non-cooperative-pilots")
 

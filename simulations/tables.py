@@ -8,9 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpers.simulations.stats import add_statistics, known_mean, percentile, population_std
-
 from fedpers.results import write_json
+from fedpers.simulations.stats import add_statistics, known_mean, percentile, population_std
 
 SUMMARY = "summary.json"
 

@@ -27,14 +27,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from fedpers.config import schema
+from fedpers.reports import read_summary
 from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
 from fedpers.simulations.launch import LocalSimulation
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import interval, markdown_table, write_summary
-
-from fedpers.config import schema
-from fedpers.reports import read_summary
 
 QUICK = {"num-rounds": 3}
 

@@ -19,7 +19,7 @@ def build_strategy(config: RunConfig) -> FedpersStrategy:
     """The strategy of ``config.algorithm`` (its linear variant for linear runs)."""
     from fedpers.strategies.base import FedpersStrategy
 
-    cls = config.spec.strategy_class(linear=config.is_linear)
+    cls = config.spec.strategy_class(family=config.family.name)
     if not (isinstance(cls, type) and issubclass(cls, FedpersStrategy)):
         raise TypeError(
             f"algorithm '{config.algorithm}' names strategy {cls!r}, which is not a "

@@ -6,13 +6,18 @@ the parts it keeps never leave the device. What sits elsewhere:
 
 - ``strategies.federation``: which node holds which partition, one send-and-collect;
 - ``strategies.screening``: why a reply cannot be used (pure functions);
-- ``strategies.rounds``: the round loop;
+- ``strategies.rounds``: the round loop, which calls Flower's ``configure_train``,
+  ``aggregate_train``, ``configure_evaluate`` and ``aggregate_evaluate`` as
+  ``Strategy.start`` does;
 - ``strategies.final_tests``: the tests after the last round (fine-tuned heads,
   unseen clients).
 
-An algorithm that needs more overrides hooks: ``initial_arrays`` (what round 1 starts
-from), ``train_contents`` (what each sampled client receives), ``aggregate_train``,
-``evaluate_contents``, ``aggregate_evaluate``, ``final_test`` and ``round_metrics``.
+Flower's four methods are real: a subclass written from Flower's documentation that
+overrides them changes the run. By default they call fedpers' own hooks, which an
+algorithm that needs more overrides instead: ``initial_arrays`` (what round 1 starts
+from), ``train_contents`` (what each sampled client receives, ``configure_train``),
+``evaluate_contents`` (``configure_evaluate``), ``checks`` (the screening of training
+replies), ``combine``, ``final_test`` and ``round_metrics``.
 """
 
 from __future__ import annotations
@@ -21,9 +26,6 @@ import logging
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from fedpers.strategies import final_tests, screening
-from fedpers.strategies.federation import Federation, PopulationError
-from fedpers.strategies.rounds import EvaluateFn, run_rounds
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -44,6 +46,9 @@ from fedpers.config import LrSchedule, RunConfig
 from fedpers.protocol import FinalTestResult
 from fedpers.results import RoundRecord
 from fedpers.seeding import rng
+from fedpers.strategies import final_tests, screening
+from fedpers.strategies.federation import Federation, PopulationError
+from fedpers.strategies.rounds import EvaluateFn, run_rounds
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +79,11 @@ class FedpersStrategy(Strategy):
         self.spec = run.spec
         self.shared = self.spec.shared
         self.federation = Federation(run.num_clients)
-        self.evaluate_nodes = not run.is_linear
+        self.evaluate_nodes = run.family.evaluates_clients
         first_unseen = run.num_clients - round(run.unseen_fraction * run.num_clients)
         self.seen = list(range(first_unseen))
         self.unseen = list(range(first_unseen, run.num_clients))
-        self.accepted: dict[int, int] = {}
-        self.rejections: dict[int, list[str]] = {}
+        self._startup_rejections: list[str] = []
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
@@ -121,7 +125,7 @@ class FedpersStrategy(Strategy):
     ) -> dict[int, dict[str, np.ndarray]]:
         """Ask ``partitions`` a start-up ``query``; the decoded arrays of the answers that
         pass ``defect`` and ``check``, by partition. The others are left out and recorded
-        (``rejections[0]``, the summary's ``startup_rejections``).
+        (``startup_rejections``).
 
         Raises
         ------
@@ -140,12 +144,23 @@ class FedpersStrategy(Strategy):
             if reason is None and reply is not None:
                 good[partition] = screening.arrays_of(reply)
             else:
-                self.reject(0, partition, f"{query}: {reason}")
+                self.reject_at_startup(partition, f"{query}: {reason}")
         if not good:
             raise PopulationError(
-                f"{query}: no node gave a usable answer; {self.rejections[0][:3]}"
+                f"{query}: no node gave a usable answer; {self._startup_rejections[:3]}"
             )
         return good
+
+    def reject_at_startup(self, partition: int, reason: str) -> None:
+        """Record that ``partition``'s answer to a start-up query was left out, and why."""
+        logger.warning("round 0: left out the reply of partition %d: %s", partition, reason)
+        self._startup_rejections.append(f"partition {partition}: {reason}")
+
+    @property
+    def startup_rejections(self) -> tuple[str, ...]:
+        """The start-up answers left out, with why (``partition P: query: reason``), in
+        the order they came: the summary's ``startup_rejections``."""
+        return tuple(self._startup_rejections)
 
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
@@ -176,6 +191,11 @@ class FedpersStrategy(Strategy):
         )
 
     # ------------------------------------------------------------ round settings
+    def step_size(self) -> float:
+        """The clients' step size before the schedule (``lr``; the linear strategies
+        override it with their own setting)."""
+        return self.run.lr
+
     def train_config(self) -> ConfigRecord:
         """What the server may change per round travels in the message: the epochs and
         the learning rate (scaled by the schedule in ``train_contents``; the round
@@ -186,7 +206,7 @@ class FedpersStrategy(Strategy):
             {
                 protocol.EPOCHS: run.epochs,
                 protocol.HEAD_EPOCHS: run.head_epochs,
-                protocol.LR: run.linear_lr if run.is_linear else run.lr,
+                protocol.LR: self.step_size(),
                 protocol.RUN_TOKEN: self.run_token,
             }
         )
@@ -231,10 +251,11 @@ class FedpersStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The shared arrays of the replies that pass ``screen``, aggregated by the run's
-        ``aggregation`` (the default: ``fedpers.aggregation.weighted_mean``, weighted by
-        ``num-examples``); None without a reply that carries weight."""
-        valid = [r for r in self.screen(server_round, replies) if screening.num_examples(r) > 0]
+        """The shared arrays of the replies, aggregated by the run's ``aggregation`` (the
+        default: ``fedpers.aggregation.weighted_mean``, weighted by ``num-examples``);
+        None without a reply that carries weight. The loop passes only the replies that
+        passed ``screen``."""
+        valid = [r for r in replies if screening.num_examples(r) > 0]
         if not valid:
             return None, None
         contents = [reply.content for reply in valid]
@@ -297,9 +318,20 @@ class FedpersStrategy(Strategy):
         """The test after the last round: fine-tuned heads (``final_test`` of the row),
         or the unseen clients after adapting; None for neither."""
         if self.spec.final_test is FinalTest.FINETUNE:
-            return final_tests.finetuned(self, grid, arrays, config, server_round, timeout)
+            return final_tests.finetuned(
+                self, grid, arrays, config, server_round, timeout, epochs=self.run.finetune_epochs
+            )
         if self.unseen:
-            return final_tests.unseen(self, grid, arrays, config, server_round, timeout)
+            return final_tests.unseen(
+                self,
+                grid,
+                arrays,
+                config,
+                server_round,
+                timeout,
+                partitions=self.unseen,
+                adapt_fraction=self.run.adapt_fraction,
+            )
         return None
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
@@ -324,65 +356,48 @@ class FedpersStrategy(Strategy):
         """``screening.magnitude_defect`` against the arrays sent this round."""
         return screening.magnitude_defect(screening.arrays_of(reply), self.current_shared)
 
-    def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Training replies fit to aggregate; the others are logged and recorded.
+    def screen(self, server_round: int, replies: Iterable[Message]) -> screening.Screened:
+        """Training replies fit to aggregate (``kept``), and the others with why: the
+        loop's step between the exchange and ``aggregate_train``.
 
         No reply weighs more than its node holds: ``num-examples`` is capped at the
-        training samples the node reported when it registered. Replies of weight zero
-        are kept but do not count as usable (``min-replies``).
+        training samples the node reported when it registered (``notes``). Replies of
+        weight zero are kept but do not count as usable (``min-replies``).
         """
         screened = screening.screen(replies, self.checks(), self.federation.partition)
-        for partition, reason in screened.rejected:
-            self.reject(server_round, partition, reason)
+        notes = []
         for reply in screened.kept:
-            held = self.federation.train_sizes.get(self.federation.partition(reply))
+            partition = self.federation.partition(reply)
+            held = self.federation.train_sizes.get(partition)
             if held is not None and screening.num_examples(reply) > held:
                 metrics = reply.content.metric_records[protocol.METRICS]
-                note = f"num-examples {metrics[protocol.NUM_EXAMPLES]} capped at {held}"
-                self.note(server_round, self.federation.partition(reply), note)
+                claimed = metrics[protocol.NUM_EXAMPLES]
+                notes.append((partition, f"num-examples {claimed} capped at {held}"))
                 metrics[protocol.NUM_EXAMPLES] = float(held)
-        self.accepted[server_round] = sum(screening.num_examples(r) > 0 for r in screened.kept)
-        return screened.kept
+        return screening.Screened(screened.kept, screened.rejected, notes)
 
-    def reject_state(self, server_round: int, reason: str) -> None:
-        """Record that the round's new global state was not adopted, and why."""
-        logger.warning("round %d: kept the previous global state: %s", server_round, reason)
-        self.rejections.setdefault(server_round, []).append(f"global state not adopted: {reason}")
-
-    def note(self, server_round: int, partition: int, what: str) -> None:
-        """Record something the server did to ``partition``'s reply (kept, but changed)."""
-        logger.warning("round %d: partition %d: %s", server_round, partition, what)
-        self.rejections.setdefault(server_round, []).append(f"partition {partition}: {what}")
-
-    def reject(self, server_round: int, partition: int, reason: str) -> None:
-        """Record that ``partition``'s reply in ``server_round`` was left out, and why."""
-        logger.warning(
-            "round %d: left out the reply of partition %d: %s", server_round, partition, reason
-        )
-        self.rejections.setdefault(server_round, []).append(f"partition {partition}: {reason}")
+    def configure_train_rejections(self, server_round: int) -> tuple[str, ...]:
+        """Answers left out while configuring training, with why: none here; a strategy
+        whose ``configure_train`` exchanges messages first (the peer relay) reports its
+        own."""
+        return ()
 
     # ---------------------------------------------------------- Flower's interface
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """``train_contents`` as Flower messages."""
+        """Flower's first step of a round: a TRAIN message to the node of each partition
+        ``train_contents`` names (the seeded ``sample`` by default), with its content."""
         contents = self.train_contents(server_round, arrays, config, grid)
-        return self._messages(contents, MessageType.TRAIN)
+        return self.federation.messages(MessageType.TRAIN, contents)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """``evaluate_contents`` as Flower messages."""
-        return self._messages(
-            self.evaluate_contents(server_round, arrays, config), MessageType.EVALUATE
-        )
-
-    def _messages(self, contents: dict[int, RecordDict], kind: str) -> list[Message]:
-        nodes = self.federation.nodes(contents)
-        return [
-            Message(content=c, message_type=kind, dst_node_id=n)
-            for c, n in zip(contents.values(), nodes, strict=True)
-        ]
+        """Flower's evaluation step: an EVALUATE message to the node of each partition
+        ``evaluate_contents`` names (called in the rounds ``evaluates`` names)."""
+        contents = self.evaluate_contents(server_round, arrays, config)
+        return self.federation.messages(MessageType.EVALUATE, contents)
 
     def summary(self) -> None:
         """Log the strategy's configuration."""
@@ -412,15 +427,23 @@ class FedpersStrategy(Strategy):
         on_round: Callable[[RoundRecord], None] | None = None,
         on_checkpoint: Callable[[int, ArrayRecord], None] | None = None,
     ) -> Result:
-        """Run the rounds (``strategies.rounds.run_rounds``)."""
+        """Flower's loop (``strategies.rounds.run_rounds``): every round
+        ``configure_train``, ``aggregate_train``, ``configure_evaluate`` and
+        ``aggregate_evaluate``. ``train_config`` and ``evaluate_config`` default to the
+        strategy's own (``train_config()``, ``evaluate_config()``)."""
+        self.summary()
         return run_rounds(
             self,
             grid,
+            self.federation,
             initial_arrays,
             num_rounds=num_rounds,
             timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
+            train_config=self.train_config() if train_config is None else train_config,
+            evaluate_config=(
+                self.evaluate_config() if evaluate_config is None else evaluate_config
+            ),
+            min_replies=self.run.min_replies,
             evaluate_fn=evaluate_fn,
             first_round=first_round,
             on_round=on_round,

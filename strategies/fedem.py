@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
 from fedpers.aggregation import Aggregation
 from fedpers.config import RunConfig
+from fedpers.families import mixture as mixture_family
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy, _mean_metrics
 
 
 class FedEM(FedpersStrategy):
@@ -30,7 +31,7 @@ class FedEM(FedpersStrategy):
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.learners = run.mixture_learners
+        self.learners = mixture_family.settings(run).mixture_learners
         self.current = ArrayRecord()  # the global arrays a round's aggregation starts from
 
     @property
@@ -42,7 +43,7 @@ class FedEM(FedpersStrategy):
         """The seeded learners (from one node) and uniform global weights."""
         arrays = super().initial_arrays(grid, timeout=timeout)
         cells = self.components * self.learners
-        arrays[protocol.MIXTURE_WEIGHTS] = Array(
+        arrays[mixture_family.MIXTURE_WEIGHTS] = Array(
             np.full((self.components, self.learners), 1 / cells)
         )
         return arrays
@@ -60,9 +61,9 @@ class FedEM(FedpersStrategy):
         learners = {
             name: spec
             for name, spec in self.sent_arrays.items()
-            if any(name.startswith(protocol.learner_prefix(m)) for m in range(self.learners))
+            if any(name.startswith(mixture_family.learner_prefix(m)) for m in range(self.learners))
         }
-        return {**learners, protocol.GAMMA: ((self.components, self.learners), "float64")}
+        return {**learners, mixture_family.GAMMA: ((self.components, self.learners), "float64")}
 
     def checks(self) -> list[screening.Check]:
         """FedpersStrategy's, then the responsibilities' invariants."""
@@ -71,7 +72,7 @@ class FedEM(FedpersStrategy):
     def responsibilities_defect(self, reply: Message) -> str | None:
         """``gamma_c`` must be non-negative and sum to the client's samples (each sample's
         responsibilities sum to one)."""
-        gamma = screening.arrays_of(reply)[protocol.GAMMA]
+        gamma = screening.arrays_of(reply)[mixture_family.GAMMA]
         if np.any(gamma < 0):
             return "negative responsibilities"
         samples = screening.num_examples(reply)
@@ -86,7 +87,7 @@ class FedEM(FedpersStrategy):
         reason = super().state_defect(new, previous)
         if reason is not None:
             return reason
-        weights = new[protocol.MIXTURE_WEIGHTS].numpy()
+        weights = new[mixture_family.MIXTURE_WEIGHTS].numpy()
         if np.any(weights < 0) or not abs(float(weights.sum()) - 1.0) <= 1e-6:
             return "the global mixture weights are not a distribution"
         return None
@@ -101,7 +102,7 @@ class FedEM(FedpersStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weighted learner averages, global weights, and (FedGMM) the components."""
-        valid = [r for r in self.screen(server_round, replies) if screening.num_examples(r) > 0]
+        valid = [r for r in replies if screening.num_examples(r) > 0]
         if not valid:
             return None, None
         contents = [reply.content for reply in valid]
@@ -111,7 +112,7 @@ class FedEM(FedpersStrategy):
         for m in range(self.learners):
             if not weights[:, m].sum() > 0:
                 continue  # no client used this learner: keep it
-            prefix = protocol.learner_prefix(m)
+            prefix = mixture_family.learner_prefix(m)
             names = [n for n in updated if n.startswith(prefix)]
             if self.run.aggregation == Aggregation.MEAN:
                 for name in names:
@@ -125,8 +126,8 @@ class FedEM(FedpersStrategy):
                 {n: updated[n] for n in names},
             )
             updated.update(combined)
-        gammas = [a[protocol.GAMMA].numpy() for a in arrays]
-        updated[protocol.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
+        gammas = [a[mixture_family.GAMMA].numpy() for a in arrays]
+        updated[mixture_family.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
         updated.update(self.aggregate_components(arrays, gammas))
         metrics = _mean_metrics(contents)
         return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}), metrics

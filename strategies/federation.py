@@ -6,8 +6,10 @@ up. fedpers addresses clients by partition id instead (sampling, seeding and res
 order depend on it), so the server waits for the expected population, asks each node
 which partition it holds (``query.info``) and keeps the map both ways. Every exchange
 (training, evaluation, start-up queries, the Sheaf-FRL relay) goes through
-``Federation.exchange``: one send-and-collect with one failure policy, answers in
-partition order and every missing or failed answer named with its reason.
+``Federation.send`` (the messages a strategy's ``configure_*`` built) or
+``Federation.exchange`` (contents by partition): one send-and-collect with one failure
+policy, answers in partition order and every missing or failed answer named with its
+reason.
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ class PopulationError(RuntimeError):
 class Exchange:
     """The outcome of one exchange: answers and failures, both keyed by partition.
 
-    ``replies`` holds every answer that arrived (error replies included) in partition
-    order; ``failures`` the partitions whose answer is missing or an error, with why.
+    ``sent`` lists the partitions messaged, ``replies`` holds every answer that arrived
+    (error replies included) in partition order; ``failures`` the partitions whose
+    answer is missing or an error, with why.
     """
 
-    message_type: str
     sent: list[int]
     replies: dict[int, Message] = field(default_factory=dict)
     failures: dict[int, str] = field(default_factory=dict)
@@ -47,15 +49,6 @@ class Exchange:
     def ok(self) -> dict[int, RecordDict]:
         """Contents of the answers without error, by partition."""
         return {p: r.content for p, r in self.replies.items() if not r.has_error()}
-
-    def require_all(self) -> dict[int, RecordDict]:
-        """``ok()``, or PopulationError naming the partitions that failed and why."""
-        if self.failures:
-            reasons = [f"partition {p}: {why}" for p, why in sorted(self.failures.items())]
-            raise PopulationError(
-                f"{self.message_type} failed on {len(reasons)} node(s): " + "; ".join(reasons[:5])
-            )
-        return self.ok()
 
 
 class Federation:
@@ -206,6 +199,50 @@ class Federation:
         """The partition of a reply's sender (-1 for a node the map does not know)."""
         return self.partition_of_node.get(reply.metadata.src_node_id, -1)
 
+    def messages(self, message_type: str, contents: Mapping[int, RecordDict]) -> list[Message]:
+        """One message per partition of ``contents``, addressed to the node that holds it,
+        in partition order."""
+        partitions = sorted(contents)
+        return [
+            Message(content=contents[p], message_type=message_type, dst_node_id=n)
+            for p, n in zip(partitions, self.nodes(partitions), strict=True)
+        ]
+
+    def send(self, grid: Grid, messages: Iterable[Message], *, timeout: float) -> Exchange:
+        """Send ``messages`` (at most one per node) and collect the answers by partition.
+
+        What Flower's ``Strategy.start`` does with ``grid.send_and_receive``, with the
+        answers keyed by the partition of their node, pushed in partition order.
+
+        Raises
+        ------
+        ValueError
+            If a message goes to a node that holds no partition of the run, or two go
+            to one node.
+        """
+        by_partition: dict[int, Message] = {}
+        for message in messages:
+            node = message.metadata.dst_node_id
+            partition = self.partition_of_node.get(node)
+            if partition is None:
+                raise ValueError(f"a message to node {node}, which holds no partition of the run")
+            if partition in by_partition:
+                raise ValueError(f"two messages to node {node} (partition {partition}) at once")
+            by_partition[partition] = message
+        partitions = sorted(by_partition)
+        result = Exchange(partitions)
+        outgoing = [by_partition[p] for p in partitions]
+        by_node = {r.metadata.src_node_id: r for r in send_and_collect(grid, outgoing, timeout)}
+        for partition, node in zip(partitions, self.nodes(partitions), strict=True):
+            reply = by_node.get(node)
+            if reply is None:
+                result.failures[partition] = f"no reply within {timeout:g} s"
+                continue
+            result.replies[partition] = reply
+            if reply.has_error():
+                result.failures[partition] = f"client error: {one_line(reply.error.reason)}"
+        return result
+
     def exchange(
         self,
         grid: Grid,
@@ -214,7 +251,8 @@ class Federation:
         *,
         timeout: float,
     ) -> Exchange:
-        """Send each partition its own content and collect the answers.
+        """Send each partition its own content and collect the answers (``messages``,
+        then ``send``).
 
         Parameters
         ----------
@@ -227,22 +265,7 @@ class Federation:
         timeout : float
             Seconds to wait for the answers.
         """
-        partitions = sorted(contents)
-        messages = [
-            Message(content=contents[p], message_type=message_type, dst_node_id=n)
-            for p, n in zip(partitions, self.nodes(partitions), strict=True)
-        ]
-        result = Exchange(message_type, partitions)
-        by_node = {r.metadata.src_node_id: r for r in send_and_collect(grid, messages, timeout)}
-        for partition, node in zip(partitions, self.nodes(partitions), strict=True):
-            reply = by_node.get(node)
-            if reply is None:
-                result.failures[partition] = f"no reply within {timeout:g} s"
-                continue
-            result.replies[partition] = reply
-            if reply.has_error():
-                result.failures[partition] = f"client error: {one_line(reply.error.reason)}"
-        return result
+        return self.send(grid, self.messages(message_type, contents), timeout=timeout)
 
     def broadcast(
         self,

@@ -21,22 +21,20 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from fedpers.strategies import screening
-from fedpers.strategies.fedem import FedEM
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol
-from fedpers.config import Embedding, GmmAggregation, GmmCovariance, RunConfig
-from fedpers.protocol import (
-    PCA_COUNT,
-    PCA_OUTER,
-    PCA_SUM,
-    SUMMARY_CENTROIDS,
-    SUMMARY_COUNTS,
-)
+from fedpers.config import RunConfig
+from fedpers.families import mixture as mixture_family
+from fedpers.families.mixture import Embedding, GmmAggregation, GmmCovariance
+from fedpers.strategies import screening
+from fedpers.strategies.fedem import FedEM
 
-_FREE_ROWS = {SUMMARY_CENTROIDS, SUMMARY_COUNTS}  # a client may find fewer local clusters
+_FREE_ROWS = {
+    mixture_family.SUMMARY_CENTROIDS,
+    mixture_family.SUMMARY_COUNTS,
+}  # a client may find fewer local clusters
 
 
 class FedGMM(FedEM):
@@ -49,12 +47,12 @@ class FedGMM(FedEM):
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.num_components = run.gmm_components
-        self.covariance = run.gmm_covariance
-        self.ridge = run.gmm_ridge
-        self.aggregation = run.gmm_aggregation
-        self.embedding = run.embedding
-        self.embedding_dim = run.gmm_embedding_dim
+        self.num_components = mixture_family.settings(run).gmm_components
+        self.covariance = mixture_family.settings(run).gmm_covariance
+        self.ridge = mixture_family.settings(run).gmm_ridge
+        self.aggregation = mixture_family.settings(run).gmm_aggregation
+        self.embedding = mixture_family.embedding(run)
+        self.embedding_dim = mixture_family.settings(run).gmm_embedding_dim
 
     @property
     def components(self) -> int:
@@ -62,13 +60,13 @@ class FedGMM(FedEM):
 
     def expected_arrays(self) -> dict[str, screening.ArraySpec]:
         """FedEM's, and the statistics of the embeddings, shaped as the components."""
-        means = self.sent_arrays[protocol.GMM_MEANS][0]
-        covariances = self.sent_arrays[protocol.GMM_COVARIANCES][0]
+        means = self.sent_arrays[mixture_family.GMM_MEANS][0]
+        covariances = self.sent_arrays[mixture_family.GMM_COVARIANCES][0]
         return {
             **super().expected_arrays(),
-            protocol.STATS_COUNT: ((means[0],), "float64"),
-            protocol.STATS_FIRST: (means, "float64"),
-            protocol.STATS_SECOND: (covariances, "float64"),
+            mixture_family.STATS_COUNT: ((means[0],), "float64"),
+            mixture_family.STATS_FIRST: (means, "float64"),
+            mixture_family.STATS_SECOND: (covariances, "float64"),
         }
 
     def checks(self) -> list[screening.Check]:
@@ -80,13 +78,13 @@ class FedGMM(FedEM):
         of some data: counts non-negative and equal to ``gamma_c(m1)``, second moments
         symmetric positive semi-definite, and the implied covariances too."""
         arrays = screening.arrays_of(reply)
-        count = arrays[protocol.STATS_COUNT]
-        if not np.allclose(count, arrays[protocol.GAMMA].sum(axis=1), rtol=1e-6, atol=1e-6):
+        count = arrays[mixture_family.STATS_COUNT]
+        if not np.allclose(count, arrays[mixture_family.GAMMA].sum(axis=1), rtol=1e-6, atol=1e-6):
             return "statistics counts differ from the responsibilities"
         return screening.statistics_defect(
             count,
-            arrays[protocol.STATS_FIRST],
-            arrays[protocol.STATS_SECOND],
+            arrays[mixture_family.STATS_FIRST],
+            arrays[mixture_family.STATS_SECOND],
             full=self.covariance == GmmCovariance.FULL,
         )
 
@@ -95,7 +93,7 @@ class FedGMM(FedEM):
         reason = super().state_defect(new, previous)
         if reason is not None:
             return reason
-        covariances = new[protocol.GMM_COVARIANCES].numpy()
+        covariances = new[mixture_family.GMM_COVARIANCES].numpy()
         if self.covariance == GmmCovariance.FULL:
             try:
                 np.linalg.cholesky(covariances)
@@ -107,7 +105,7 @@ class FedGMM(FedEM):
 
     def learner_weights(self, content: RecordDict) -> np.ndarray:
         """``gamma_c(m2)``: a client's responsibility for each learner."""
-        gamma = content.array_records[protocol.ARRAYS][protocol.GAMMA].numpy()
+        gamma = content.array_records[protocol.ARRAYS][mixture_family.GAMMA].numpy()
         return np.asarray(gamma.sum(axis=0))
 
     # ------------------------------------------------------------ initialization
@@ -115,31 +113,37 @@ class FedGMM(FedEM):
         """Learners and uniform weights (FedEM), then the shared initial components."""
         arrays = super().initial_arrays(grid, timeout=timeout)
         if self.embedding != Embedding.IDENTITY:
-            moments = self._ask(grid, protocol.QUERY_PCA, RecordDict(), timeout, self._pca_defect)
+            moments = self._ask(
+                grid, mixture_family.QUERY_PCA, RecordDict(), timeout, self._pca_defect
+            )
             mean, directions = gmm.pca_from_moments(
-                float(sum(m[PCA_COUNT][0] for m in moments)),
-                np.sum([m[PCA_SUM] for m in moments], axis=0),
-                np.sum([m[PCA_OUTER] for m in moments], axis=0),
+                float(sum(m[mixture_family.PCA_COUNT][0] for m in moments)),
+                np.sum([m[mixture_family.PCA_SUM] for m in moments], axis=0),
+                np.sum([m[mixture_family.PCA_OUTER] for m in moments], axis=0),
                 self.embedding_dim,
             )
-            arrays[protocol.PCA_MEAN] = Array(mean)
-            arrays[protocol.PCA_DIRECTIONS] = Array(np.ascontiguousarray(directions))
+            arrays[mixture_family.PCA_MEAN] = Array(mean)
+            arrays[mixture_family.PCA_DIRECTIONS] = Array(np.ascontiguousarray(directions))
         content = RecordDict({protocol.ARRAYS: arrays})
-        records = self._ask(grid, protocol.QUERY_SUMMARY, content, timeout, self._summary_defect)
+        records = self._ask(
+            grid, mixture_family.QUERY_SUMMARY, content, timeout, self._summary_defect
+        )
         means = gmm.initial_means(
-            np.concatenate([r[SUMMARY_CENTROIDS] for r in records]),
-            np.concatenate([r[SUMMARY_COUNTS] for r in records]),
+            np.concatenate([r[mixture_family.SUMMARY_CENTROIDS] for r in records]),
+            np.concatenate([r[mixture_family.SUMMARY_COUNTS] for r in records]),
             self.num_components,
             self.run.seed,
         )
-        arrays[protocol.GMM_MEANS] = Array(np.ascontiguousarray(means))
+        arrays[mixture_family.GMM_MEANS] = Array(np.ascontiguousarray(means))
         content = RecordDict({protocol.ARRAYS: arrays})
-        assigned = self._ask(grid, protocol.QUERY_ASSIGN, content, timeout, self._assign_defect)
+        assigned = self._ask(
+            grid, mixture_family.QUERY_ASSIGN, content, timeout, self._assign_defect
+        )
         pooled = _pooled(assigned, means)
         start = gmm.components_from_statistics(
             pooled, ridge=self.ridge, previous=_fallback(means, self.covariance)
         )
-        arrays[protocol.GMM_COVARIANCES] = Array(np.ascontiguousarray(start.covariances))
+        arrays[mixture_family.GMM_COVARIANCES] = Array(np.ascontiguousarray(start.covariances))
         return arrays
 
     def _ask(
@@ -168,7 +172,7 @@ class FedGMM(FedEM):
             shape = tuple((n, v.shape) for n, v in sorted(answer.items()) if n not in _FREE_ROWS)
             if shape != usual or partition in large:
                 why = "its arrays are shaped unlike most" if shape != usual else "100x the median"
-                self.reject(0, partition, f"{query}: {why}")
+                self.reject_at_startup(partition, f"{query}: {why}")
                 del answers[partition]
         return [answers[p] for p in sorted(answers)]
 
@@ -182,9 +186,18 @@ class FedGMM(FedEM):
 
     def _pca_defect(self, reply: Message) -> str | None:
         arrays = screening.arrays_of(reply)
-        if set(arrays) != {PCA_COUNT, PCA_SUM, PCA_OUTER}:
-            return f"arrays {sorted(arrays)}, expected {sorted({PCA_COUNT, PCA_SUM, PCA_OUTER})}"
-        count, total, outer = arrays[PCA_COUNT], arrays[PCA_SUM], arrays[PCA_OUTER]
+        if set(arrays) != {
+            mixture_family.PCA_COUNT,
+            mixture_family.PCA_SUM,
+            mixture_family.PCA_OUTER,
+        }:
+            expected = {mixture_family.PCA_COUNT, mixture_family.PCA_SUM, mixture_family.PCA_OUTER}
+            return f"arrays {sorted(arrays)}, expected {sorted(expected)}"
+        count, total, outer = (
+            arrays[mixture_family.PCA_COUNT],
+            arrays[mixture_family.PCA_SUM],
+            arrays[mixture_family.PCA_OUTER],
+        )
         if count.shape != (1,) or total.ndim != 1 or outer.shape != (len(total), len(total)):
             return "moments of inconsistent shapes"
         if reason := self._held(reply, float(count[0])):
@@ -193,9 +206,12 @@ class FedGMM(FedEM):
 
     def _summary_defect(self, reply: Message) -> str | None:
         arrays = screening.arrays_of(reply)
-        if set(arrays) != {SUMMARY_CENTROIDS, SUMMARY_COUNTS}:
+        if set(arrays) != {mixture_family.SUMMARY_CENTROIDS, mixture_family.SUMMARY_COUNTS}:
             return f"arrays {sorted(arrays)}, expected centroids and counts"
-        centroids, counts = arrays[SUMMARY_CENTROIDS], arrays[SUMMARY_COUNTS]
+        centroids, counts = (
+            arrays[mixture_family.SUMMARY_CENTROIDS],
+            arrays[mixture_family.SUMMARY_COUNTS],
+        )
         if centroids.ndim != 2 or counts.shape != (len(centroids),):
             return "centroids and counts of inconsistent shapes"
         if len(centroids) > 2 * self.num_components:
@@ -206,11 +222,15 @@ class FedGMM(FedEM):
 
     def _assign_defect(self, reply: Message) -> str | None:
         arrays = screening.arrays_of(reply)
-        names = {protocol.STATS_COUNT, protocol.STATS_FIRST, protocol.STATS_SECOND}
+        names = {
+            mixture_family.STATS_COUNT,
+            mixture_family.STATS_FIRST,
+            mixture_family.STATS_SECOND,
+        }
         if set(arrays) != names:
             return f"arrays {sorted(arrays)}, expected {sorted(names)}"
-        count = arrays[protocol.STATS_COUNT]
-        first, second = arrays[protocol.STATS_FIRST], arrays[protocol.STATS_SECOND]
+        count = arrays[mixture_family.STATS_COUNT]
+        first, second = arrays[mixture_family.STATS_FIRST], arrays[mixture_family.STATS_SECOND]
         full = self.covariance == GmmCovariance.FULL
         shape = (len(count), first.shape[-1], first.shape[-1]) if full else first.shape
         if count.ndim != 1 or first.shape[:1] != count.shape or second.shape != shape:
@@ -225,8 +245,8 @@ class FedGMM(FedEM):
     ) -> dict[str, np.ndarray]:
         """New means and covariances from the clients' centred statistics."""
         previous = gmm.Components(
-            self.current[protocol.GMM_MEANS].numpy(),
-            self.current[protocol.GMM_COVARIANCES].numpy(),
+            self.current[mixture_family.GMM_MEANS].numpy(),
+            self.current[mixture_family.GMM_COVARIANCES].numpy(),
         )
         decoded = [{name: array.numpy() for name, array in a.items()} for a in arrays]
         if self.aggregation == GmmAggregation.EXACT:
@@ -242,26 +262,10 @@ class FedGMM(FedEM):
             ]
             component_weights = np.stack([g.sum(axis=1) for g in gammas])  # (C, M1)
             new = gmm.average_components(local, component_weights, previous=previous)
-        return {protocol.GMM_MEANS: new.means, protocol.GMM_COVARIANCES: new.covariances}
-
-
-def _per_sample_scale(arrays: dict[str, np.ndarray]) -> float:
-    """How large an answer's values are per sample: centroids as they are, sums divided
-    by the samples they sum over (clients of different sizes compare fairly)."""
-    if SUMMARY_CENTROIDS in arrays:
-        return float(np.max(np.abs(arrays[SUMMARY_CENTROIDS]), initial=0.0))
-    count_name = PCA_COUNT if PCA_COUNT in arrays else protocol.STATS_COUNT
-    samples = max(1.0, float(np.sum(arrays[count_name])))
-    sums = [v for n, v in arrays.items() if n != count_name]
-    return max(float(np.max(np.abs(v), initial=0.0)) for v in sums) / samples
-
-
-def _shapes(arrays: dict[str, np.ndarray]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """Names and shapes of an answer (the row count of local clusters left out)."""
-    return tuple(
-        (name, value.shape[1:] if name in _FREE_ROWS else value.shape)
-        for name, value in sorted(arrays.items())
-    )
+        return {
+            mixture_family.GMM_MEANS: new.means,
+            mixture_family.GMM_COVARIANCES: new.covariances,
+        }
 
 
 def _pooled(arrays: list[dict[str, np.ndarray]], center: np.ndarray) -> gmm.Statistics:
@@ -269,9 +273,9 @@ def _pooled(arrays: list[dict[str, np.ndarray]], center: np.ndarray) -> gmm.Stat
     total: gmm.Statistics | None = None
     for record in arrays:
         stats = gmm.Statistics(
-            record[protocol.STATS_COUNT],
-            record[protocol.STATS_FIRST],
-            record[protocol.STATS_SECOND],
+            record[mixture_family.STATS_COUNT],
+            record[mixture_family.STATS_FIRST],
+            record[mixture_family.STATS_SECOND],
             np.asarray(center, dtype=float),
         )
         total = stats if total is None else total + stats

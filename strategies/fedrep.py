@@ -13,13 +13,14 @@ import functools
 from collections.abc import Iterable
 
 import numpy as np
-from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import linear, protocol
-from fedpers.protocol import LINEAR_BODY
+from fedpers.families import linear as linear_family
+from fedpers.families.linear import BODY as LINEAR_BODY
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy
 
 
 class FedRepLinear(FedpersStrategy):
@@ -28,6 +29,10 @@ class FedRepLinear(FedpersStrategy):
     Reads ``linear-rank`` (the dimension ``k`` of the representation) besides what
     ``FedpersStrategy`` reads.
     """
+
+    def step_size(self) -> float:
+        """The step on ``B`` (``linear-lr``)."""
+        return linear_family.settings(self.run).linear_lr
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """``B0`` from the Method of Moments over every node."""
@@ -54,29 +59,34 @@ def moments_representation(strategy: FedpersStrategy, grid: Grid, *, timeout: fl
     their average span ``B*`` approximately (FedRep, Section 4 and Appendix B).
     """
     partitions = sorted(strategy.federation.node_of_partition)
-    d = strategy.run.linear_dim
+    d = linear_family.settings(strategy.run).linear_dim
     statistics = strategy.startup(
         grid,
-        protocol.QUERY_MOMENTS,
+        linear_family.QUERY_MOMENTS,
         partitions,
         RecordDict(),
         timeout,
         check=functools.partial(_moments_defect, dim=d),
     )
-    scale = {p: float(np.linalg.norm(s[protocol.MOMENTS])) for p, s in statistics.items()}
+    scale = {p: float(np.linalg.norm(s[linear_family.MOMENTS])) for p, s in statistics.items()}
     for partition in sorted(screening.outliers(scale)):
-        strategy.reject(0, partition, f"{protocol.QUERY_MOMENTS}: a statistic 100x the median")
+        strategy.reject_at_startup(
+            partition, f"{linear_family.QUERY_MOMENTS}: a statistic 100x the median"
+        )
         del statistics[partition]
     return linear.method_of_moments(
-        [statistics[p][protocol.MOMENTS] for p in sorted(statistics)], strategy.run.linear_rank
+        [statistics[p][linear_family.MOMENTS] for p in sorted(statistics)],
+        linear_family.settings(strategy.run).linear_rank,
     )
 
 
 def _moments_defect(reply: Message, *, dim: int) -> str | None:
     """A moment statistic is one symmetric positive semi-definite ``d x d`` matrix."""
     returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
-    if reason := screening.arrays_defect(returned, {protocol.MOMENTS: ((dim, dim), "float64")}):
+    if reason := screening.arrays_defect(
+        returned, {linear_family.MOMENTS: ((dim, dim), "float64")}
+    ):
         return reason
     return screening.symmetric_psd_defect(
-        protocol.MOMENTS, screening.arrays_of(reply)[protocol.MOMENTS]
+        linear_family.MOMENTS, screening.arrays_of(reply)[linear_family.MOMENTS]
     )

@@ -9,16 +9,22 @@ the server averages both parts.
 from __future__ import annotations
 
 import numpy as np
-from fedpers.strategies.base import FedpersStrategy
-from fedpers.strategies.fedrep import moments_representation
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 
-from fedpers.protocol import LINEAR_BODY, LINEAR_HEAD
+from fedpers.families import linear as linear_family
+from fedpers.families.linear import BODY as LINEAR_BODY
+from fedpers.families.linear import HEAD as LINEAR_HEAD
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.fedrep import moments_representation
 
 
 class FedSGD(FedpersStrategy):
     """Average the whole linear model after one local gradient step."""
+
+    def step_size(self) -> float:
+        """The step on the whole model (``linear-lr``)."""
+        return linear_family.settings(self.run).linear_lr
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """Method-of-Moments ``B`` and a zero head."""
@@ -26,6 +32,6 @@ class FedSGD(FedpersStrategy):
         return ArrayRecord(
             {
                 LINEAR_BODY: Array(np.ascontiguousarray(initial.T)),
-                LINEAR_HEAD: Array(np.zeros((1, self.run.linear_rank))),
+                LINEAR_HEAD: Array(np.zeros((1, linear_family.settings(self.run).linear_rank))),
             }
         )

@@ -10,56 +10,78 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
-from fedpers.strategies.rounds import per_client
-from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol
-from fedpers.protocol import FinetunedTest, UnseenTest
+from fedpers.families import personalized as personalized_family
+from fedpers.protocol import UnseenTest
+from fedpers.strategies.federation import Federation
+from fedpers.strategies.rounds import per_client
 
-if TYPE_CHECKING:
-    from fedpers.strategies.base import FedpersStrategy
+
+class Evaluator(Protocol):
+    """What a final test needs of the strategy: its federation, what an EVALUATE
+    message carries, and how replies are aggregated."""
+
+    federation: Federation
+
+    def evaluate_contents(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+    ) -> dict[int, RecordDict]: ...
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None: ...
 
 
 def finetuned(
-    strategy: FedpersStrategy,
+    strategy: Evaluator,
     grid: Grid,
     arrays: ArrayRecord,
     config: ConfigRecord,
     server_round: int,
     timeout: float,
-) -> FinetunedTest | None:
-    """Every seen client fine-tunes its head on the final model, then tests."""
+    *,
+    epochs: int,
+) -> personalized_family.FinetunedTest | None:
+    """Every seen client fine-tunes its head for ``epochs`` on the final model, then
+    tests."""
     config = ConfigRecord(dict(config))
-    config[protocol.FINETUNE_EPOCHS] = strategy.run.finetune_epochs
+    config[protocol.FINETUNE_EPOCHS] = epochs
     contents = strategy.evaluate_contents(server_round, arrays, config)
     accuracy, clients = _accuracy(strategy, grid, contents, server_round, timeout)
-    return None if accuracy is None else FinetunedTest(accuracy, clients)
+    return None if accuracy is None else personalized_family.FinetunedTest(accuracy, clients)
 
 
 def unseen(
-    strategy: FedpersStrategy,
+    strategy: Evaluator,
     grid: Grid,
     arrays: ArrayRecord,
     config: ConfigRecord,
     server_round: int,
     timeout: float,
+    *,
+    partitions: list[int],
+    adapt_fraction: float,
 ) -> UnseenTest | None:
-    """The unseen clients adapt on ``adapt-fraction`` of their data, test on the rest."""
+    """The unseen clients (``partitions``) adapt on ``adapt_fraction`` of their data,
+    then test on the rest."""
     config = ConfigRecord(dict(config))
     config[protocol.ROUND] = server_round
     config[protocol.UNSEEN] = 1
-    config[protocol.ADAPT_FRACTION] = strategy.run.adapt_fraction
+    config[protocol.ADAPT_FRACTION] = adapt_fraction
     content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
-    contents = dict.fromkeys(strategy.unseen, content)
+    contents = dict.fromkeys(partitions, content)
     accuracy, clients = _accuracy(strategy, grid, contents, server_round, timeout)
     return None if accuracy is None else UnseenTest(accuracy, clients)
 
 
 def _accuracy(
-    strategy: FedpersStrategy,
+    strategy: Evaluator,
     grid: Grid,
     contents: dict[int, RecordDict],
     server_round: int,

@@ -14,10 +14,8 @@ key ``sheaf-variant``):
   never sees an agent's own coordinates.
 
 ``non-cooperative`` (lambda = 0) exchanges nothing while training. After the last round
-``final_evaluation`` measures communication accuracy: every agent's whitened test
-latents go to its neighbours, which transport them with the Procrustes map fitted on the
-same pilots and decode them with their own heads. Bytes are counted from the arrays of
-every training exchange.
+``final_test`` measures communication accuracy (``strategies.communication``). Bytes
+are counted from the arrays of every training exchange.
 """
 
 from __future__ import annotations
@@ -28,22 +26,23 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
 from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
     Message,
-    MessageType,
     MetricRecord,
     RecordDict,
 )
 from flwr.serverapp import Grid
 
 from fedpers import protocol, sheaf
-from fedpers.config import RunConfig, SheafVariant
-from fedpers.protocol import CommunicationTest, Whitening
+from fedpers.config import RunConfig
+from fedpers.families import sheaf as sheaf_family
+from fedpers.families.sheaf import SheafVariant
+from fedpers.strategies import screening
+from fedpers.strategies.base import FedpersStrategy, _mean_metrics
+from fedpers.strategies.communication import communication_test
 
 logger = logging.getLogger(__name__)
 
@@ -60,24 +59,25 @@ class PeerRelay(FedpersStrategy):
     cooperative : bool
         False for the lambda = 0 baseline (``NonCooperative``): no pilots are
         exchanged while training.
-    whitening_modes : tuple of Whitening
+    whitening_modes : tuple of sheaf_family.Whitening
         Whitenings under which communication accuracy is measured at the end:
         ``pilots`` (Sheaf-FRL's) and/or ``train`` (the paper's baseline).
     """
 
     cooperative = True
-    whitening_modes: tuple[Whitening, ...] = (Whitening.PILOTS,)
+    whitening_modes: tuple[sheaf_family.Whitening, ...] = (sheaf_family.Whitening.PILOTS,)
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.edges = run.sheaf_graph()
-        self.variant = run.sheaf_variant
+        self.edges = sheaf_family.run_graph(run)
+        self.variant = sheaf_family.settings(run).sheaf_variant
         self.timeout = run.round_timeout
         self.agents = list(range(run.num_clients))
-        self.dims = [spec.latent for spec in run.agent_specs()]
+        self.dims = [spec.latent for spec in sheaf_family.run_agent_specs(run)]
         self.pilot_count = 0  # rows of a pilot matrix: what most agents send, first time
         self.neighbours = {i: sheaf.neighbours(self.edges, i) for i in self.agents}
         self.bytes_sent: dict[int, int] = {}
+        self._relay_rejections: dict[int, list[str]] = {}  # by round
         self.private_accuracy: dict[int, float] = {}
 
     def sample(self, server_round: int) -> list[int]:
@@ -109,20 +109,31 @@ class PeerRelay(FedpersStrategy):
             relayed = functools.partial(self._relay_defect, expected=expected(agent))
             reason = screening.first_defect(reply, [screening.defect, relayed])
             if reason is not None:
-                self.reject(server_round, agent, f"{message_type}: {reason}")
+                self._reject(server_round, agent, f"{message_type}: {reason}")
                 continue
             good[agent] = screening.arrays_of(reply)
         for agent in sorted(set(exchange.failures) - set(exchange.replies)):
-            self.reject(server_round, agent, f"{message_type}: {exchange.failures[agent]}")
+            self._reject(server_round, agent, f"{message_type}: {exchange.failures[agent]}")
         return good
+
+    def _reject(self, server_round: int, agent: int, reason: str) -> None:
+        logger.warning(
+            "round %d: left out the reply of partition %d: %s", server_round, agent, reason
+        )
+        self._relay_rejections.setdefault(server_round, []).append(f"partition {agent}: {reason}")
+
+    def configure_train_rejections(self, server_round: int) -> tuple[str, ...]:
+        """The relay's answers left out this round, with why (the loop records them
+        first, before the TRAIN exchange's)."""
+        return tuple(self._relay_rejections.get(server_round, ()))
 
     def _relay_defect(self, reply: Message, expected: dict[str, screening.ArraySpec]) -> str | None:
         returned = reply.content.array_records.get(protocol.ARRAYS, ArrayRecord())
         if reason := screening.arrays_defect(returned, expected):
             return reason
         for name, values in screening.arrays_of(reply).items():
-            kind, _ = protocol.agent_of(name) if "." in name else (name, -1)
-            if kind == protocol.MAP:
+            kind, _ = sheaf_family.agent_of(name) if "." in name else (name, -1)
+            if kind == sheaf_family.MAP:
                 reason = screening.orthonormal_defect(name, values)
             else:
                 reason = screening.pilots_defect(name, values)
@@ -162,112 +173,121 @@ class PeerRelay(FedpersStrategy):
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid
     ) -> dict[int, dict[str, np.ndarray]]:
-        """What each agent receives with its TRAIN message (only what passed screening)."""
-        everyone = self.agents
-        empty = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in everyone}
-
-        def own_pilots(agent: int) -> dict[str, screening.ArraySpec]:
-            return {protocol.PILOTS: self._pilots_spec(agent)}
-
+        """What each agent receives with its TRAIN message (only what passed
+        screening), as the variant relays it."""
         if self.variant == SheafVariant.HETEROGENEOUS:
-            pilots = self._exchange(grid, protocol.QUERY_PILOTS, empty, server_round, own_pilots)
-            return {
-                i: {
-                    protocol.from_agent(protocol.PILOTS, j): pilots[j][protocol.PILOTS]
-                    for j in self.neighbours[i]
-                    if j in pilots
-                }
-                for i in everyone
-            }
+            return self._relay_heterogeneous(server_round, config, grid)
         if self.variant == SheafVariant.HOMOGENEOUS:
-            targets = sorted({b for _, b in self.edges})
-            pilots = self._exchange(
-                grid,
-                protocol.QUERY_PILOTS,
-                {p: empty[p] for p in targets},
-                server_round,
-                own_pilots,
+            return self._relay_homogeneous(server_round, config, grid)
+        return self._relay_private(server_round, grid)
+
+    def _ask_pilots(
+        self, server_round: int, config: ConfigRecord, grid: Grid, agents: list[int]
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """``query.pilots`` to ``agents``: the whitened pilots of those that pass."""
+        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in agents}
+        return self._exchange(
+            grid, sheaf_family.QUERY_PILOTS, asked, server_round, self._own_pilots
+        )
+
+    def _own_pilots(self, agent: int) -> dict[str, screening.ArraySpec]:
+        return {sheaf_family.PILOTS: self._pilots_spec(agent)}
+
+    def _relay_heterogeneous(
+        self, server_round: int, config: ConfigRecord, grid: Grid
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """Every agent's raw whitened pilots to each of its neighbours, which fit the
+        edge's map themselves."""
+        pilots = self._ask_pilots(server_round, config, grid, self.agents)
+        return {
+            i: {
+                sheaf_family.from_agent(sheaf_family.PILOTS, j): pilots[j][sheaf_family.PILOTS]
+                for j in self.neighbours[i]
+                if j in pilots
+            }
+            for i in self.agents
+        }
+
+    def _relay_homogeneous(
+        self, server_round: int, config: ConfigRecord, grid: Grid
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """The targets' pilots to each edge's source, which computes the edge's map
+        (``query.maps``); the map and the source's transported pilots go to the target."""
+        pilots = self._ask_pilots(server_round, config, grid, sorted({b for _, b in self.edges}))
+        owned = {
+            a: [b for x, b in self.edges if x == a and b in pilots]
+            for a in sorted({a for a, _ in self.edges})
+        }
+        asked = {a: _pilots_of(server_round, pilots, targets) for a, targets in owned.items()}
+        expected = functools.partial(self._maps_spec, owned)
+        maps = self._exchange(grid, sheaf_family.QUERY_MAPS, asked, server_round, expected)
+        relayed: dict[int, dict[str, np.ndarray]] = {i: {} for i in self.agents}
+        for a, b in self.edges:
+            if a not in maps or b not in owned.get(a, []):
+                continue
+            for kind in (sheaf_family.TRANSPORTED, sheaf_family.MAP):
+                relayed[b][sheaf_family.from_agent(kind, a)] = maps[a][
+                    sheaf_family.from_agent(kind, b)
+                ]
+        return relayed
+
+    def _maps_spec(self, owned: dict[int, list[int]], owner: int) -> dict[str, screening.ArraySpec]:
+        """What ``owner`` answers ``query.maps``: for each edge it owns, its pilots
+        transported to the target and the edge's map."""
+        d = self.dims[owner]
+        expected: dict[str, screening.ArraySpec] = {}
+        for b in owned[owner]:
+            expected[sheaf_family.from_agent(sheaf_family.TRANSPORTED, b)] = (
+                (self.pilot_count, d),
+                "float64",
             )
-            owned_edges = {
-                a: [b for x, b in self.edges if x == a and b in pilots]
-                for a in sorted({a for a, _ in self.edges})
-            }
-            owned = {
-                a: RecordDict(
-                    {
-                        protocol.CONFIG: ConfigRecord({protocol.ROUND: server_round}),
-                        protocol.ARRAYS: ArrayRecord(
-                            {
-                                protocol.from_agent(protocol.PILOTS, b): Array(
-                                    pilots[b][protocol.PILOTS]
-                                )
-                                for b in targets_of_a
-                            }
-                        ),
-                    }
-                )
-                for a, targets_of_a in owned_edges.items()
-            }
+            expected[sheaf_family.from_agent(sheaf_family.MAP, b)] = ((d, d), "float64")
+        return expected
 
-            def maps_of(owner: int) -> dict[str, screening.ArraySpec]:
-                d = self.dims[owner]
-                expected: dict[str, screening.ArraySpec] = {}
-                for b in owned_edges[owner]:
-                    expected[protocol.from_agent(protocol.TRANSPORTED, b)] = (
-                        (self.pilot_count, d),
-                        "float64",
-                    )
-                    expected[protocol.from_agent(protocol.MAP, b)] = ((d, d), "float64")
-                return expected
-
-            transported = self._exchange(grid, protocol.QUERY_MAPS, owned, server_round, maps_of)
-            out: dict[int, dict[str, np.ndarray]] = {i: {} for i in everyone}
-            for a, b in self.edges:
-                if a not in transported or b not in owned_edges.get(a, []):
-                    continue
-                for kind in (protocol.TRANSPORTED, protocol.MAP):
-                    out[b][protocol.from_agent(kind, a)] = transported[a][
-                        protocol.from_agent(kind, b)
-                    ]
-            return out
-        # private: each agent sends its pilots transported into each neighbour's frame
-        contents = {
+    def _relay_private(self, server_round: int, grid: Grid) -> dict[int, dict[str, np.ndarray]]:
+        """Each agent's pilots transported into each neighbour's frame with its own
+        current maps (``query.transport``): the relay never sees an agent's own
+        coordinates."""
+        asked = {
             p: RecordDict(
                 {
                     protocol.CONFIG: ConfigRecord({protocol.ROUND: server_round}),
                     protocol.ARRAYS: ArrayRecord(
-                        {protocol.NEIGHBOURS: Array(np.array(self.neighbours[p], dtype=np.int64))}
+                        {
+                            sheaf_family.NEIGHBOURS: Array(
+                                np.array(self.neighbours[p], dtype=np.int64)
+                            )
+                        }
                     ),
                 }
             )
-            for p in everyone
+            for p in self.agents
         }
-
-        def transported_to(agent: int) -> dict[str, screening.ArraySpec]:
-            return {
-                protocol.from_agent(protocol.TRANSPORTED, j): self._pilots_spec(agent)
-                for j in self.neighbours[agent]
-            }
-
-        transported = self._exchange(
-            grid, protocol.QUERY_TRANSPORT, contents, server_round, transported_to
+        sent = self._exchange(
+            grid, sheaf_family.QUERY_TRANSPORT, asked, server_round, self._transported_spec
         )
         return {
             j: {
-                protocol.from_agent(protocol.TRANSPORTED, i): transported[i][
-                    protocol.from_agent(protocol.TRANSPORTED, j)
+                sheaf_family.from_agent(sheaf_family.TRANSPORTED, i): sent[i][
+                    sheaf_family.from_agent(sheaf_family.TRANSPORTED, j)
                 ]
                 for i in self.neighbours[j]
-                if i in transported
+                if i in sent
             }
-            for j in everyone
+            for j in self.agents
+        }
+
+    def _transported_spec(self, agent: int) -> dict[str, screening.ArraySpec]:
+        return {
+            sheaf_family.from_agent(sheaf_family.TRANSPORTED, j): self._pilots_spec(agent)
+            for j in self.neighbours[agent]
         }
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Nothing to aggregate but metrics (agents return no arrays)."""
-        valid = self.screen(server_round, replies)
+        valid = list(replies)
         for reply in valid:
             for arrays in reply.content.array_records.values():
                 self._count(server_round, arrays.count_bytes())
@@ -297,76 +317,18 @@ class PeerRelay(FedpersStrategy):
         *,
         server_round: int,
         timeout: float,
-    ) -> CommunicationTest:
-        """Communication accuracy of every directed edge, per whitening mode."""
-        result = CommunicationTest(private=dict(self.private_accuracy))
-        for mode in self.whitening_modes:
-            mode_config = ConfigRecord(
-                {protocol.WHITENING: mode.value, protocol.ROUND: server_round}
-            )
-            ask = {p: RecordDict({protocol.CONFIG: mode_config}) for p in self.agents}
-            shared = self._latents(grid, ask, timeout)
-            tests = {}
-            for receiver in self.agents:
-                relayed = {}
-                for sender in (j for j in self.neighbours[receiver] if j in shared):
-                    sent = shared[sender].array_records[protocol.ARRAYS]
-                    for name in (protocol.PILOTS, protocol.LATENTS, protocol.LABELS):
-                        relayed[protocol.from_agent(name, sender)] = sent[name]
-                config_record = ConfigRecord(
-                    {
-                        protocol.WHITENING: mode.value,
-                        protocol.COMMUNICATION: 1,
-                        protocol.ROUND: server_round,
-                    }
-                )
-                tests[receiver] = RecordDict(
-                    {protocol.ARRAYS: ArrayRecord(relayed), protocol.CONFIG: config_record}
-                )
-            exchange = self.federation.exchange(grid, MessageType.EVALUATE, tests, timeout=timeout)
-            for agent, reason in sorted(exchange.failures.items()):
-                logger.warning("communication test of agent %d failed: %s", agent, reason)
-            edges: dict[tuple[int, int], float] = {}
-            per_receiver = []
-            for receiver, content in exchange.ok().items():
-                values = content.metric_records[protocol.METRICS]
-                for key, value in values.items():
-                    if (source := protocol.edge_sender(key)) is not None:
-                        edges[(source, receiver)] = float(value)  # type: ignore[arg-type]
-                if np.isfinite(float(values[protocol.ACCURACY])):  # type: ignore[arg-type]
-                    per_receiver.append(float(values[protocol.ACCURACY]))  # type: ignore[arg-type]
-            result.edges[mode.value] = edges
-            result.by_whitening[mode.value] = (
-                float(np.mean(per_receiver)) if per_receiver else float("nan")
-            )
-        return result
-
-    def _latents(
-        self, grid: Grid, ask: dict[int, RecordDict], timeout: float
-    ) -> dict[int, RecordDict]:
-        """Every agent's whitened pilots and test latents (``query.latents``), of the
-        agents whose reply passes screening; the others are left out of the test."""
-        exchange = self.federation.exchange(grid, protocol.QUERY_LATENTS, ask, timeout=timeout)
-        good = {}
-        for agent, reply in exchange.replies.items():
-            reason = screening.first_defect(reply, [screening.defect, self._latents_defect])
-            if reason is None:
-                good[agent] = reply.content
-            else:
-                logger.warning("communication test leaves agent %d out: %s", agent, reason)
-        return good
-
-    def _latents_defect(self, reply: Message) -> str | None:
-        arrays = screening.arrays_of(reply)
-        names = {protocol.PILOTS, protocol.LATENTS, protocol.LABELS}
-        if set(arrays) != names:
-            return f"arrays {sorted(arrays)}, expected {sorted(names)}"
-        pilots, latents = arrays[protocol.PILOTS], arrays[protocol.LATENTS]
-        if pilots.ndim != 2 or latents.ndim != 2 or pilots.shape[1] != latents.shape[1]:
-            return "pilots and latents are not matrices of one width"
-        if arrays[protocol.LABELS].shape != (len(latents),):
-            return "latents and labels do not match"
-        return None
+    ) -> sheaf_family.CommunicationTest:
+        """Communication accuracy of every directed edge, per whitening mode
+        (``strategies.communication``)."""
+        return communication_test(
+            self.federation,
+            grid,
+            self.neighbours,
+            self.whitening_modes,
+            self.private_accuracy,
+            server_round=server_round,
+            timeout=timeout,
+        )
 
 
 class NonCooperative(PeerRelay):
@@ -374,7 +336,7 @@ class NonCooperative(PeerRelay):
     training, whitened on the training latents (the paper's) or on the pilots."""
 
     cooperative = False
-    whitening_modes = (Whitening.TRAIN, Whitening.PILOTS)
+    whitening_modes = (sheaf_family.Whitening.TRAIN, sheaf_family.Whitening.PILOTS)
 
 
 def _most_common_rows(contents: Iterable[RecordDict]) -> int:
@@ -384,6 +346,25 @@ def _most_common_rows(contents: Iterable[RecordDict]) -> int:
         array.shape[0]
         for content in contents
         for name, array in content.array_records.get(protocol.ARRAYS, ArrayRecord()).items()
-        if len(array.shape) == 2 and not name.startswith(protocol.MAP + ".")
+        if len(array.shape) == 2 and not name.startswith(sheaf_family.MAP + ".")
     ]
     return Counter(rows).most_common(1)[0][0] if rows else 0
+
+
+def _pilots_of(
+    server_round: int, pilots: dict[int, dict[str, np.ndarray]], targets: list[int]
+) -> RecordDict:
+    """A ``query.maps`` message: the pilots of the edges' ``targets``."""
+    return RecordDict(
+        {
+            protocol.CONFIG: ConfigRecord({protocol.ROUND: server_round}),
+            protocol.ARRAYS: ArrayRecord(
+                {
+                    sheaf_family.from_agent(sheaf_family.PILOTS, b): Array(
+                        pilots[b][sheaf_family.PILOTS]
+                    )
+                    for b in targets
+                }
+            ),
+        }
+    )

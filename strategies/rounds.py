@@ -1,31 +1,47 @@
-"""The round loop: train, aggregate, evaluate, record, checkpoint.
+"""The round loop: Flower's ``Strategy.start``, and what fedpers needs on top.
 
-Flower's ``Strategy.start`` with what fedpers needs on top: a resumed run starts after
-its checkpoint (``first_round``), every round is reported as a ``RoundRecord`` (the
-results writer is a callback, outside any aggregation code), nodes that restarted
-under a new id are re-mapped before each round, evaluation may skip rounds
-(``evaluate-every``), and a round with fewer usable replies than ``min-replies`` stops
-the run after it is recorded. The algorithm's part is in the strategy's hooks
-(``strategies.base.FedpersStrategy``).
+Every round calls the strategy as Flower's ``Strategy.start`` does, in its order, so a
+strategy written from Flower's documentation works:
+
+1. ``configure_train(round, arrays, config, grid)``: the TRAIN messages, which the
+   federation sends, collecting the replies by partition (``Federation.send``);
+2. ``screen(round, replies)`` (fedpers): the replies fit to aggregate; the others are
+   left out with their reasons, so no reply reaches ``aggregate_train`` unchecked;
+3. ``aggregate_train(round, kept)``: the new global arrays and training metrics, adopted
+   unless ``state_defect`` names a reason not to;
+4. ``configure_evaluate(round, arrays, config, grid)``, in the rounds ``evaluates``
+   names (``evaluate-every``), then ``aggregate_evaluate(round, replies)``;
+5. ``evaluate_fn(round, arrays)``, the server-side evaluation, as in Flower.
+
+On top of Flower's loop: a resumed run starts after its checkpoint (``first_round``);
+nodes that restarted under a new id are re-mapped before each round; a round's results
+are values its steps return (``TrainOutcome``, ``EvaluateOutcome``, together a
+``RoundOutcome``), reported as a ``RoundRecord`` (the results writer is a callback,
+outside any aggregation code); a round with fewer usable replies than ``min-replies``
+stops the run after it is recorded. The strategy is anything with the methods of
+``RoundStrategy``: ``FedpersStrategy`` (strategies/base.py) and its algorithms.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedpers import protocol
 from fedpers.results import RoundRecord
+from fedpers.strategies import screening
+from fedpers.strategies.federation import Federation
 
-if TYPE_CHECKING:
-    from fedpers.strategies.base import FedpersStrategy
+logger = logging.getLogger(__name__)
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -34,32 +50,124 @@ class RoundFailedError(RuntimeError):
     """A round got fewer usable replies than ``min-replies``."""
 
 
+class RoundStrategy(Protocol):
+    """What the loop calls: Flower's four round methods and fedpers' round hooks."""
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]: ...
+
+    def configure_train_rejections(self, server_round: int) -> Sequence[str]: ...
+
+    def screen(self, server_round: int, replies: Iterable[Message]) -> screening.Screened: ...
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+
+    def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None: ...
+
+    def evaluates(self, server_round: int, last: int) -> bool: ...
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]: ...
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None: ...
+
+    def round_metrics(self, server_round: int) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What a round's training step returns.
+
+    Attributes
+    ----------
+    arrays : ArrayRecord
+        The global state after the step: ``aggregate_train``'s arrays if adopted, else
+        the state the round started from.
+    metrics : MetricRecord or None
+        ``aggregate_train``'s metrics.
+    sampled : int
+        Partitions sent a TRAIN message.
+    accepted : int
+        Replies that passed screening and carry weight (``num-examples`` > 0).
+    rejections : tuple of str
+        Every answer left out or changed, and a new state not adopted, with why, in the
+        order they happened (``partition P: reason``, ``global state not adopted: ...``).
+    bytes_sent, bytes_received : int
+        Bytes of the TRAIN messages and of the replies without error (``record_bytes``).
+    """
+
+    arrays: ArrayRecord
+    metrics: MetricRecord | None
+    sampled: int
+    accepted: int
+    rejections: tuple[str, ...]
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
+class EvaluateOutcome:
+    """What a round's evaluation step returns (the defaults: no evaluation).
+
+    Attributes
+    ----------
+    metrics : MetricRecord or None
+        ``aggregate_evaluate``'s metrics.
+    evaluated : int
+        Replies without error.
+    clients : mapping of str to dict
+        Each evaluated partition's own metrics (``per_client``).
+    bytes : int
+        Bytes of the EVALUATE messages and of their replies, both ways.
+    """
+
+    metrics: MetricRecord | None = None
+    evaluated: int = 0
+    clients: Mapping[str, dict[str, float]] = field(default_factory=dict)
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One round's results: its training and evaluation steps and ``evaluate_fn``'s
+    metrics of the round's global state."""
+
+    round: int
+    train: TrainOutcome
+    evaluate: EvaluateOutcome
+    server_metrics: MetricRecord | None
+
+
 def run_rounds(
-    strategy: FedpersStrategy,
+    strategy: RoundStrategy,
     grid: Grid,
+    federation: Federation,
     initial_arrays: ArrayRecord,
     *,
     num_rounds: int,
     timeout: float,
-    train_config: ConfigRecord | None = None,
-    evaluate_config: ConfigRecord | None = None,
+    train_config: ConfigRecord,
+    evaluate_config: ConfigRecord,
+    min_replies: int,
     evaluate_fn: EvaluateFn | None = None,
     first_round: int = 1,
     on_round: Callable[[RoundRecord], None] | None = None,
     on_checkpoint: Callable[[int, ArrayRecord], None] | None = None,
 ) -> Result:
     """Rounds ``first_round..num_rounds`` of ``strategy``; see the module docstring.
-    ``train_config`` and ``evaluate_config`` default to the strategy's own.
+    Every round gets its own copy of ``train_config`` and ``evaluate_config``.
 
     Raises
     ------
     RoundFailedError
-        When a round has fewer usable training replies than ``min-replies``.
+        When a round has fewer usable training replies than ``min_replies``.
     """
-    strategy.summary()
-    federation = strategy.federation
-    train_config = strategy.train_config() if train_config is None else train_config
-    evaluate_config = strategy.evaluate_config() if evaluate_config is None else evaluate_config
     result = Result()
     arrays = initial_arrays
     result.arrays = arrays
@@ -68,80 +176,164 @@ def run_rounds(
     for server_round in range(first_round, num_rounds + 1):
         started = time.monotonic()
         federation.refresh(grid, timeout=timeout)
-        contents = strategy.train_contents(
-            server_round, arrays, ConfigRecord(dict(train_config)), grid
-        )
-        exchange = federation.exchange(grid, MessageType.TRAIN, contents, timeout=timeout)
-        traffic = Traffic()
-        traffic.add(contents, exchange.replies)
-        for partition in sorted(set(exchange.failures) - set(exchange.replies)):
-            strategy.reject(server_round, partition, exchange.failures[partition])
-        replies = list(exchange.replies.values())
-        strategy.accepted[server_round] = sum(not r.has_error() for r in replies)
-        new_arrays, train_metrics = _aggregated(strategy, server_round, replies)
-        if new_arrays is not None:
-            reason = strategy.state_defect(new_arrays, arrays)
-            if reason is None:
-                arrays = new_arrays
-                result.arrays = arrays
-            else:
-                strategy.reject_state(server_round, reason)
-        if train_metrics is not None:
-            result.train_metrics_clientapp[server_round] = train_metrics
+        config = ConfigRecord(dict(train_config))
+        train = train_step(strategy, grid, federation, server_round, arrays, config, timeout)
+        arrays = train.arrays
         trained = time.monotonic()
-        evaluate_metrics, evaluated = None, 0
-        evaluated_clients: dict[str, dict[str, float]] = {}
+        evaluate = EvaluateOutcome()
         if strategy.evaluates(server_round, num_rounds):
-            to_evaluate = strategy.evaluate_contents(
-                server_round, arrays, ConfigRecord(dict(evaluate_config))
+            config = ConfigRecord(dict(evaluate_config))
+            evaluate = evaluate_step(
+                strategy, grid, federation, server_round, arrays, config, timeout
             )
-            if to_evaluate:
-                evaluation = federation.exchange(
-                    grid, MessageType.EVALUATE, to_evaluate, timeout=timeout
-                )
-                evaluate_replies = list(evaluation.replies.values())
-                evaluated = sum(not r.has_error() for r in evaluate_replies)
-                evaluate_metrics = strategy.aggregate_evaluate(server_round, evaluate_replies)
-                evaluated_clients = per_client(evaluation.replies)
-                traffic.add(to_evaluate, evaluation.replies, evaluate=True)
-        if evaluate_metrics is not None:
-            result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
         server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn else None
-        if server_metrics is not None:
-            result.evaluate_metrics_serverapp[server_round] = server_metrics
-        accepted = strategy.accepted.get(server_round, 0)
-        checked = {STATE_WELL_FORMED: float(well_formed(arrays, initial_arrays))}
-        record = RoundRecord(
-            round=server_round,
-            seconds=time.monotonic() - started,
-            train=_plain(train_metrics),
-            evaluate=_plain(evaluate_metrics),
-            server={
-                **_plain(server_metrics),
-                **strategy.round_metrics(server_round),
-                **checked,
-                **traffic.metrics(),
-            },
-            sampled=len(contents),
-            replies=accepted,
-            failures=len(contents) - accepted,
-            evaluated=evaluated,
-            rejections=list(strategy.rejections.get(server_round, [])),
-            train_seconds=trained - started,
-            evaluate_seconds=time.monotonic() - trained,
-            clients=evaluated_clients,
-        )
+        outcome = RoundOutcome(server_round, train, evaluate, server_metrics)
+        _keep(result, outcome)
+        extra = {
+            **strategy.round_metrics(server_round),
+            STATE_WELL_FORMED: float(well_formed(arrays, initial_arrays)),
+        }
+        record = _record(outcome, extra, started=started, trained=trained)
         if on_round is not None:
             on_round(record)
-        if contents and accepted < strategy.run.min_replies:
+        if train.sampled and train.accepted < min_replies:
             raise RoundFailedError(
-                f"round {server_round}: {accepted} usable replies of {len(contents)}, "
-                f"fewer than min-replies = {strategy.run.min_replies}; "
-                + "; ".join(record.rejections[:5])
+                f"round {server_round}: {train.accepted} usable replies of {train.sampled}, "
+                f"fewer than min-replies = {min_replies}; " + "; ".join(record.rejections[:5])
             )
         if on_checkpoint is not None:
             on_checkpoint(server_round, arrays)
     return result
+
+
+def train_step(
+    strategy: RoundStrategy,
+    grid: Grid,
+    federation: Federation,
+    server_round: int,
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    timeout: float,
+) -> TrainOutcome:
+    """``configure_train``, the exchange, ``screen``, ``aggregate_train`` and
+    ``state_defect``: a round's training, from the global state ``arrays``."""
+    messages = list(strategy.configure_train(server_round, arrays, config, grid))
+    rejections = list(strategy.configure_train_rejections(server_round))
+    exchange = federation.send(grid, messages, timeout=timeout)
+    sent, received = _bytes(messages), _reply_bytes(exchange.replies)
+    for partition in sorted(set(exchange.failures) - set(exchange.replies)):
+        rejections.append(_left_out(server_round, partition, exchange.failures[partition]))
+    screened = strategy.screen(server_round, exchange.replies.values())
+    rejections += [_left_out(server_round, p, reason) for p, reason in screened.rejected]
+    rejections += [_changed(server_round, p, what) for p, what in screened.notes]
+    new, metrics, reason = _aggregated(strategy, server_round, screened.kept)
+    if new is not None:
+        reason = strategy.state_defect(new, arrays)
+        arrays = new if reason is None else arrays
+    if reason is not None:
+        rejections.append(_not_adopted(server_round, reason))
+    accepted = sum(
+        screening.weight_defect(r) is None and screening.num_examples(r) > 0 for r in screened.kept
+    )
+    return TrainOutcome(
+        arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received
+    )
+
+
+def evaluate_step(
+    strategy: RoundStrategy,
+    grid: Grid,
+    federation: Federation,
+    server_round: int,
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    timeout: float,
+) -> EvaluateOutcome:
+    """``configure_evaluate``, the exchange and ``aggregate_evaluate`` (which gets every
+    reply, errors included, as in Flower); nothing without a message to send."""
+    messages = list(strategy.configure_evaluate(server_round, arrays, config, grid))
+    if not messages:
+        return EvaluateOutcome()
+    exchange = federation.send(grid, messages, timeout=timeout)
+    replies = list(exchange.replies.values())
+    evaluated = sum(not r.has_error() for r in replies)
+    metrics = strategy.aggregate_evaluate(server_round, replies)
+    return EvaluateOutcome(
+        metrics=metrics,
+        evaluated=evaluated,
+        clients=per_client(exchange.replies),
+        bytes=_bytes(messages) + _reply_bytes(exchange.replies),
+    )
+
+
+def _aggregated(
+    strategy: RoundStrategy, server_round: int, replies: list[Message]
+) -> tuple[ArrayRecord | None, MetricRecord | None, str | None]:
+    """``strategy.aggregate_train`` and None, or an exception there as the reason the
+    previous global state is kept: the round's end, never the run's."""
+    try:
+        arrays, metrics = strategy.aggregate_train(server_round, replies)
+    except Exception as error:
+        return None, None, f"aggregation failed: {type(error).__name__}: {error}"
+    return arrays, metrics, None
+
+
+def _left_out(server_round: int, partition: int, reason: str) -> str:
+    logger.warning(
+        "round %d: left out the reply of partition %d: %s", server_round, partition, reason
+    )
+    return f"partition {partition}: {reason}"
+
+
+def _changed(server_round: int, partition: int, what: str) -> str:
+    logger.warning("round %d: partition %d: %s", server_round, partition, what)
+    return f"partition {partition}: {what}"
+
+
+def _not_adopted(server_round: int, reason: str) -> str:
+    logger.warning("round %d: kept the previous global state: %s", server_round, reason)
+    return f"global state not adopted: {reason}"
+
+
+def _keep(result: Result, outcome: RoundOutcome) -> None:
+    """Add a round's outcome to Flower's ``Result``."""
+    server_round = outcome.round
+    result.arrays = outcome.train.arrays
+    if outcome.train.metrics is not None:
+        result.train_metrics_clientapp[server_round] = outcome.train.metrics
+    if outcome.evaluate.metrics is not None:
+        result.evaluate_metrics_clientapp[server_round] = outcome.evaluate.metrics
+    if outcome.server_metrics is not None:
+        result.evaluate_metrics_serverapp[server_round] = outcome.server_metrics
+
+
+def _record(
+    outcome: RoundOutcome, extra: dict[str, float], *, started: float, trained: float
+) -> RoundRecord:
+    """The round as ``rounds.jsonl`` keeps it; ``extra``: the strategy's own server-side
+    figures and the state check."""
+    train, evaluate = outcome.train, outcome.evaluate
+    return RoundRecord(
+        round=outcome.round,
+        seconds=time.monotonic() - started,
+        train=_plain(train.metrics),
+        evaluate=_plain(evaluate.metrics),
+        server={
+            **_plain(outcome.server_metrics),
+            **extra,
+            BYTES_SENT: float(train.bytes_sent),
+            BYTES_RECEIVED: float(train.bytes_received),
+            EVALUATE_BYTES: float(evaluate.bytes),
+        },
+        sampled=train.sampled,
+        replies=train.accepted,
+        failures=train.sampled - train.accepted,
+        evaluated=evaluate.evaluated,
+        rejections=list(train.rejections),
+        train_seconds=trained - started,
+        evaluate_seconds=time.monotonic() - trained,
+        clients=dict(evaluate.clients),
+    )
 
 
 STATE_WELL_FORMED = "state-well-formed"  # 1: the round's global state is sound
@@ -181,39 +373,14 @@ def record_bytes(content: RecordDict) -> int:
     return total
 
 
-class Traffic:
-    """Bytes of one round's training and evaluation exchanges, counted from the
-    messages (contents sent, and the replies that came back: error replies carry no
+def _bytes(messages: Iterable[Message]) -> int:
+    return sum(record_bytes(message.content) for message in messages)
+
+
+def _reply_bytes(replies: Mapping[int, Message]) -> int:
+    """Bytes of the replies that came back without error (error replies carry no
     content)."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.received = 0
-        self.evaluate = 0
-
-    def add(
-        self,
-        contents: Mapping[int, RecordDict],
-        replies: Mapping[int, Message],
-        *,
-        evaluate: bool = False,
-    ) -> None:
-        sent = sum(record_bytes(content) for content in contents.values())
-        received = sum(
-            record_bytes(reply.content) for reply in replies.values() if not reply.has_error()
-        )
-        if evaluate:
-            self.evaluate += sent + received
-        else:
-            self.sent += sent
-            self.received += received
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            BYTES_SENT: float(self.sent),
-            BYTES_RECEIVED: float(self.received),
-            EVALUATE_BYTES: float(self.evaluate),
-        }
+    return sum(record_bytes(r.content) for r in replies.values() if not r.has_error())
 
 
 def per_client(replies: Mapping[int, Message]) -> dict[str, dict[str, float]]:
@@ -233,18 +400,6 @@ def per_client(replies: Mapping[int, Message]) -> dict[str, dict[str, float]]:
         if all(math.isfinite(v) for v in values.values()):
             clients[str(partition)] = values
     return clients
-
-
-def _aggregated(
-    strategy: FedpersStrategy, server_round: int, replies: list[Message]
-) -> tuple[ArrayRecord | None, MetricRecord | None]:
-    """``strategy.aggregate_train``; an exception there keeps the previous global state
-    and is recorded as the round's, never the run's end."""
-    try:
-        return strategy.aggregate_train(server_round, replies)
-    except Exception as error:
-        strategy.reject_state(server_round, f"aggregation failed: {type(error).__name__}: {error}")
-        return None, None
 
 
 def _plain(metrics: MetricRecord | None) -> dict[str, float]:

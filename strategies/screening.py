@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
@@ -157,11 +157,6 @@ def array_specs(arrays: ArrayRecord) -> dict[str, ArraySpec]:
     return {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()}
 
 
-def spec_of(values: np.ndarray) -> ArraySpec:
-    """``ArraySpec`` of a numpy array (the dtype as Flower's ``Array`` names it)."""
-    return tuple(values.shape), str(values.dtype)
-
-
 HUGE = 1e6  # how many times larger than what was sent a returned value may be
 
 
@@ -250,10 +245,13 @@ def orthonormal_defect(name: str, values: np.ndarray, *, tolerance: float = 1e-6
 
 @dataclass(frozen=True)
 class Screened:
-    """Replies that passed, and ``(partition, reason)`` of those that did not."""
+    """Replies that passed, ``(partition, reason)`` of those that did not, and
+    ``(partition, what)`` of kept replies the server changed (``notes``: a weight
+    capped)."""
 
     kept: list[Message]
     rejected: list[tuple[int, str]]
+    notes: list[tuple[int, str]] = field(default_factory=list)
 
 
 def first_defect(reply: Message, checks: Iterable[Check]) -> str | None:

@@ -9,25 +9,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-from fedpers.strategies import build_strategy
-from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES, EvaluateFn
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from fedpers import linear, protocol
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import RunConfig
-from fedpers.data.synthetic import LinearTasks
+from fedpers.families import RunSummary
 from fedpers.logs import route_to_flower
-from fedpers.protocol import CommunicationTest, FinalTestResult, FinetunedTest, UnseenTest
-from fedpers.results import (
-    RoundRecord,
-    RunRecorder,
-    final_mean,
-    run_directory,
-    write_failure,
-    write_json,
-)
+from fedpers.results import RunRecorder, final_mean, run_directory, write_failure, write_json
+from fedpers.strategies import build_strategy
+from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
@@ -42,13 +33,16 @@ if SIMULATION:
 
     flower_patches.install()
 
-DISTANCE = "principal-angle-distance"
-INITIAL_FILE = "initial.json"  # server metrics of the starting model (linear runs)
+INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run one algorithm for ``num-rounds`` rounds and write its results directory."""
+    """Run one algorithm for ``num-rounds`` rounds and write its results directory.
+
+    The run's family (``fedpers.families``) says what its progress line shows, whether
+    the server evaluates the global arrays after every round, and what its summary
+    holds; the keys every run has are added here."""
     serverapp_started = time.time()
     route_to_flower()
     config = RunConfig.from_mapping(context.run_config)
@@ -56,7 +50,8 @@ def main(grid: Grid, context: Context) -> None:
         config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     directory = run_directory(config.results_dir, run_name)
-    progress = f"server.{DISTANCE}" if config.is_linear else "evaluate.accuracy"
+    family = config.family
+    progress = family.progress_metric
     try:
         checkpoint_round, checkpoint_arrays = (
             load_checkpoint(directory, num_rounds=config.num_rounds) if config.resume else (0, {})
@@ -80,7 +75,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
-    evaluate_fn = _distance_to_truth(config) if config.is_linear else None
+    evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
     evaluate_config = strategy.evaluate_config()
     try:
         strategy.federation.connect(
@@ -124,36 +119,17 @@ def main(grid: Grid, context: Context) -> None:
         recorder.fail(f"{type(error).__name__}: {error}")
         raise
     _save_arrays(directory / "final_arrays.npz", result.arrays)
-    if config.is_linear:
-        distances = [r.server[DISTANCE] for r in recorder.records]
-        initial_distance = json.loads((directory / INITIAL_FILE).read_text())[DISTANCE]
-        below = [r.round for r in recorder.records if r.server[DISTANCE] < 1e-2]
-        summary: dict[str, object] = {
-            "initial_principal_angle_distance": initial_distance,
-            "final_principal_angle_distance": distances[-1],
-            "first_round_below_0.01": below[0] if below else None,
-        }
-    elif config.is_sheaf:
-        summary = _sheaf_summary(config, recorder.records, final)
-    else:
-        before = final_mean(recorder.records, "evaluate.accuracy", config.final_rounds)
-        last = _last_client_accuracy(recorder.records)
-        summary = {"final_accuracy": before, "client_accuracy": last}
-        if isinstance(final, FinetunedTest):
-            summary = {
-                "final_accuracy": final.accuracy,
-                "final_accuracy_before_finetune": before,
-                "client_accuracy": final.clients,
-                "client_accuracy_before_finetune": last,
-            }
-        elif isinstance(final, UnseenTest):
-            summary["unseen_accuracy"] = final.accuracy
-            summary["unseen_client_accuracy"] = final.clients
-        mixture = [r.train.get(protocol.LOG_LIKELIHOOD) for r in recorder.records]
-        if any(v is not None for v in mixture):
-            summary["train_log_likelihood"] = [v for v in mixture if v is not None]
+    initial_file = directory / INITIAL_FILE
+    summary = family.summary(
+        RunSummary(
+            run=config,
+            records=recorder.records,
+            final=final,
+            initial=json.loads(initial_file.read_text()) if initial_file.is_file() else {},
+        )
+    )
     summary["algorithm"] = config.algorithm
-    summary["startup_rejections"] = strategy.rejections.get(0, [])
+    summary["startup_rejections"] = list(strategy.startup_rejections)
     summary["rounds_started_unix"] = rounds_started
     # where the start-up went (wall clock, seconds since the epoch)
     summary["startup_unix"] = {
@@ -175,60 +151,12 @@ def main(grid: Grid, context: Context) -> None:
     logger.info("summary: %s", written)
 
 
-def _sheaf_summary(
-    config: RunConfig, records: list[RoundRecord], final: FinalTestResult | None
-) -> dict[str, object]:
-    """Private accuracy (mean over agents, last rounds), communication accuracy per
-    whitening, per agent and per directed edge, and bytes per round."""
-    test = final if isinstance(final, CommunicationTest) else CommunicationTest()
-    return {
-        "private_accuracy": final_mean(records, "evaluate.accuracy", config.final_rounds),
-        "communication_accuracy": dict(test.by_whitening),
-        "edge_accuracy": {
-            f"{mode}.{sender}->{receiver}": value
-            for mode, edges in test.edges.items()
-            for (sender, receiver), value in edges.items()
-        },
-        "agent_private_accuracy": {str(agent): v for agent, v in test.private.items()},
-        "bytes_per_round": final_mean(records, "server.bytes", config.num_rounds),
-        "edges": [list(e) for e in config.sheaf_graph()],
-        "latent_dims": [s.latent for s in config.agent_specs()],
-    }
-
-
-def _last_client_accuracy(records: list[RoundRecord]) -> dict[str, float]:
-    """Each client's accuracy in the last round that evaluated clients."""
-    for record in reversed(records):
-        if record.clients:
-            return {
-                p: v[protocol.ACCURACY] for p, v in record.clients.items() if protocol.ACCURACY in v
-            }
-    return {}
-
-
 def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None:
     save_checkpoint(directory, server_round, {k: v.numpy() for k, v in arrays.items()})
 
 
 def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
     return {} if metrics is None else {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
-
-
-def _distance_to_truth(config: RunConfig) -> EvaluateFn:
-    """Principal angle distance of the global representation to the ground truth.
-
-    The experiment's oracle: ``B*`` is regenerated from the seed, as every client does
-    to draw its samples; it plays no part in training.
-    """
-    truth = LinearTasks(
-        config.linear_dim, config.linear_rank, config.linear_noise_std, config.seed
-    ).representation
-
-    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        estimate = arrays[protocol.LINEAR_BODY].numpy().T
-        return MetricRecord({DISTANCE: linear.principal_angle_distance(estimate, truth)})
-
-    return evaluate
 
 
 def _save_arrays(path: Path, arrays: ArrayRecord) -> None:

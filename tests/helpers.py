@@ -14,7 +14,7 @@ from typing import Any
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedpers.config import RunConfig, default_run_config
+from fedpers.config import RunConfig, schema_defaults
 
 SERVER_NODE = 1
 
@@ -29,7 +29,7 @@ def set_task_identity() -> None:
 
 def run_config(**overrides: Any) -> dict[str, Any]:
     """The default run config with kebab-case overrides (underscores accepted)."""
-    values = default_run_config()
+    values = schema_defaults()
     for key, value in overrides.items():
         values[key.replace("_", "-")] = value
     return values
@@ -118,5 +118,5 @@ class InProcessGrid:
 
 def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Any:
     """The client the ClientApp would build for ``partition`` (the row's class)."""
-    cls = run.spec.client_class(linear=run.is_linear)
+    cls = run.spec.client_class(family=run.family.name)
     return cls(run, partition, RecordDict() if state is None else state)

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedpers.clients.client_app import app as client_app
-from fedpers.simulations.launch import LocalSimulation, processes_with_home
-from fedpers.strategies import build_strategy
 from flwr.app import ArrayRecord
 from numpy.testing import assert_allclose
 
 from fedpers import algorithms
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import ConfigError, RunConfig, load_run_config
 from fedpers.data import registry, sources
 from fedpers.models import MODELS
 from fedpers.reports import read_rounds, read_summary
+from fedpers.simulations.launch import LocalSimulation, processes_with_home
+from fedpers.strategies import build_strategy
 from tests.helpers import InProcessGrid, run_config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "server_momentum"

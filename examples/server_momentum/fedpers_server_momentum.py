@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from fedpers.strategies.base import FedpersStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from sklearn.datasets import make_classification
@@ -32,6 +31,7 @@ from fedpers.data.registry import DatasetInfo
 from fedpers.data.sources import Dataset, register_dataset
 from fedpers.models import SplitModel, mlp, register_model
 from fedpers.protocol import MODEL_PARTS
+from fedpers.strategies.base import FedpersStrategy
 
 BETA = 0.9  # the server momentum
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -33,7 +33,12 @@ from fedpers.data.partition import (
 from fedpers.data.registry import DATASETS
 from fedpers.data.shift import joint_shift, parse_transforms, transform_images
 from fedpers.data.sources import Dataset, cached_index_lists, load_dataset
+from fedpers.families import FamilySpec
+from fedpers.families import mixture as mixture_family
+from fedpers.families import sheaf as sheaf_family
 from fedpers.seeding import rng
+
+_G = TypeVar("_G")
 
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
 SHEAF_SPLIT = (0.8, 0.1, 0.1)  # Sheaf-FRL's per-agent split
@@ -77,23 +82,8 @@ class DataConfig(Protocol):
     @property
     def shift_fraction(self) -> float: ...
     @property
-    def mixture_dim(self) -> int: ...
-    @property
-    def mixture_components(self) -> int: ...
-    @property
-    def mixture_alpha(self) -> float: ...
-    @property
-    def mixture_covariance(self) -> str: ...
-    @property
-    def mixture_labels(self) -> str: ...
-    @property
-    def mixture_sizes(self) -> str: ...
-    @property
-    def is_sheaf(self) -> bool: ...
-    @property
-    def sheaf_shift(self) -> float: ...
-    @property
-    def sheaf_pilot_fraction(self) -> float: ...
+    def family(self) -> FamilySpec: ...
+    def group(self, cls: type[_G]) -> _G: ...
 
 
 @dataclass(frozen=True)
@@ -134,17 +124,19 @@ class DataKey:
     def of(cls, config: DataConfig) -> DataKey:
         """The data key of a run configuration."""
         mixture = None
-        if config.dataset == "mixture":
+        if config.dataset == mixture_family.DATASET:
+            tasks = config.group(mixture_family.MixtureDataSettings)
             mixture = MixtureTasks(
-                dim=config.mixture_dim,
-                components=config.mixture_components,
-                alpha=config.mixture_alpha,
-                covariance=config.mixture_covariance,
-                labels=config.mixture_labels,
-                sizes=config.mixture_sizes,
+                dim=tasks.mixture_dim,
+                components=tasks.mixture_components,
+                alpha=tasks.mixture_alpha,
+                covariance=tasks.mixture_covariance,
+                labels=tasks.mixture_labels,
+                sizes=tasks.mixture_sizes,
                 samples=config.samples_per_client,
                 seed=config.seed,
             )
+        agents = config.group(sheaf_family.SheafSettings)
         return cls(
             dataset=config.dataset,
             data_root=config.data_root,
@@ -160,9 +152,9 @@ class DataKey:
             shift_transforms=config.shift_transforms,
             shift_fraction=config.shift_fraction,
             mixture=mixture,
-            sheaf=config.is_sheaf,
-            sheaf_shift=config.sheaf_shift,
-            sheaf_pilot_fraction=config.sheaf_pilot_fraction,
+            sheaf=config.family.name == sheaf_family.NAME,
+            sheaf_shift=agents.sheaf_shift,
+            sheaf_pilot_fraction=agents.sheaf_pilot_fraction,
         )
 
 

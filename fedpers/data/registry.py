@@ -31,6 +31,13 @@ class DatasetInfo:
         image transforms of the joint-distribution shift.
     raw_maximum : float
         Largest raw value (for the ``invert`` transform).
+    run_family : str
+        The family that every run on this data set belongs to, whatever its row (the
+        linear tasks: ``fedpers.families.linear``); empty: the row's family.
+    partitioned : bool
+        False when clients draw fresh samples instead of holding a partition.
+    per_client_split : bool
+        True when each client splits its own data 60/20/20 (FedEM's protocol).
     """
 
     num_classes: int
@@ -40,6 +47,9 @@ class DatasetInfo:
     how_to_get: str = ""
     image_shape: tuple[int, ...] | None = None
     raw_maximum: float = 255.0
+    run_family: str = ""
+    partitioned: bool = True
+    per_client_split: bool = False
 
 
 _TORCHVISION_HINT = (
@@ -53,8 +63,8 @@ DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(
         10, (64,), "digits-mlp", embedded=True, image_shape=(1, 8, 8), raw_maximum=16.0
     ),
-    "linear": DatasetInfo(1, None, "linear", embedded=True),
-    "mixture": DatasetInfo(2, None, "logistic", embedded=True),
+    "linear": DatasetInfo(1, None, "linear", embedded=True, run_family="linear", partitioned=False),
+    "mixture": DatasetInfo(2, None, "logistic", embedded=True, per_client_split=True),
     "mnist": DatasetInfo(
         10,
         (1, 28, 28),

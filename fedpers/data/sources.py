@@ -87,6 +87,8 @@ def register_dataset(name: str, info: DatasetInfo, loader: Loader) -> None:
     ValueError
         If ``name`` is taken.
     """
+    if DATASETS.get(name) == info and _REGISTERED.get(name) is loader:
+        return  # the same registration again (an extension loaded by a fresh fedpers)
     if name in DATASETS:
         raise ValueError(f"data set '{name}' exists already; choose another name")
     DATASETS[name] = info

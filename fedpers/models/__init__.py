@@ -128,6 +128,8 @@ def register_model(
     ValueError
         If ``name`` is taken.
     """
+    if MODELS.get(name) is builder and MODEL_INPUTS.get(name) == input_shape:
+        return  # the same registration again (an extension loaded by a fresh fedpers)
     if name in MODELS or name in MODEL_INPUTS:
         raise ValueError(f"model '{name}' exists already; choose another name")
     MODELS[name] = builder

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import numpy as np
-from fedpers.clients import device_state
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
+from fedpers.clients import device_state
 from fedpers.config import RunConfig
 from tests.helpers import run_config
 

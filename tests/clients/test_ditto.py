@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedpers.clients.ditto import DittoClient
 from flwr.app import ConfigRecord, RecordDict
 from numpy.testing import assert_array_equal
 
 from fedpers import protocol
+from fedpers.clients.ditto import DittoClient
 from fedpers.config import RunConfig
 from fedpers.training import evaluate
 from tests.helpers import client_of, run_config

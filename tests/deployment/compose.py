@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.simulations.launch import flower_environment
-
 from tests.deployment.cluster import BIN, PROJECT, load_script
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"

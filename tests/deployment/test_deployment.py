@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedpers.simulations.launch import LocalSimulation
 
 from fedpers.reports import read_rounds, read_summary
+from fedpers.simulations.launch import LocalSimulation
 from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 
 pytestmark = pytest.mark.flower

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedpers.simulations.launch import LocalSimulation
 
 from fedpers.reports import read_rounds
+from fedpers.simulations.launch import LocalSimulation
 from tests.deployment.cluster import wait_for
 from tests.deployment.compose import Compose, docker
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedpers.simulations.launch import LocalSimulation, processes_with_home
-from fedpers.simulations.ray_cluster import RayCluster
 
 from fedpers.reports import read_rounds
+from fedpers.simulations.launch import LocalSimulation, processes_with_home
+from fedpers.simulations.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.flower, pytest.mark.cluster]
 

@@ -8,22 +8,21 @@ from fedpers import algorithms
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.config import (
     ConfigError,
-    Embedding,
-    GmmCovariance,
     Partitioner,
     RunConfig,
-    default_run_config,
     load_run_config,
+    schema_defaults,
 )
+from fedpers.families import mixture
+from fedpers.families.mixture import Embedding, GmmCovariance
 
 
 def test_defaults_parse_and_round_trip() -> None:
     config = load_run_config()
     assert config.algorithm == "fedrep"
     assert config.model_name == "mnist1d-mlp"
-    assert config.clients_per_round == 10
     assert RunConfig.from_mapping(config.to_mapping()) == config
-    assert set(config.to_mapping()) == set(default_run_config())
+    assert set(config.to_mapping()) == set(schema_defaults())
 
 
 @pytest.mark.parametrize(
@@ -100,7 +99,7 @@ def test_bad_values_name_the_key_and_what_is_allowed(overrides: dict, fragment: 
 
 
 def test_missing_key_is_named() -> None:
-    values = default_run_config()
+    values = schema_defaults()
     del values["seed"]
     with pytest.raises(ConfigError, match="lacks key\\(s\\): seed"):
         RunConfig.from_mapping(values)
@@ -114,10 +113,10 @@ def test_modes_are_enums_equal_to_their_strings() -> None:
     config = load_run_config({"partitioner": "dirichlet", "gmm-covariance": "diag"})
     assert config.partitioner is Partitioner.DIRICHLET
     assert config.partitioner == "dirichlet"
-    assert config.gmm_covariance is GmmCovariance.DIAG
+    assert mixture.settings(config).gmm_covariance is GmmCovariance.DIAG
     # `auto` resolves by data set: PCA of the pixels, raw vectors of the mixtures
-    assert config.embedding is Embedding.PCA
-    assert load_run_config({"dataset": "mixture"}).embedding is Embedding.IDENTITY
+    assert mixture.embedding(config) is Embedding.PCA
+    assert mixture.embedding(load_run_config({"dataset": "mixture"})) is Embedding.IDENTITY
 
 
 def test_to_mapping_holds_plain_toml_values() -> None:
@@ -125,25 +124,23 @@ def test_to_mapping_holds_plain_toml_values() -> None:
     assert type(mapping["test-split"]) is str
     assert type(mapping["partitioner"]) is str
     assert json.loads(json.dumps(mapping)) == mapping
-    assert mapping == {**default_run_config(), "test-split": "per-client"}
+    assert mapping == {**schema_defaults(), "test-split": "per-client"}
 
 
 @pytest.mark.parametrize(
-    ("overrides", "family", "linear", "sheaf"),
+    ("overrides", "family", "run_family"),
     [
-        ({}, Family.PERSONALIZED, False, False),
-        ({"dataset": "linear"}, Family.PERSONALIZED, True, False),
-        ({"algorithm": "fedgmm"}, Family.MIXTURE, False, False),
-        ({"algorithm": "sheaf-frl", "dataset": "digits"}, Family.SHEAF, False, True),
+        ({}, Family.PERSONALIZED, "personalized"),
+        ({"dataset": "linear"}, Family.PERSONALIZED, "linear"),  # the data set binds it
+        ({"algorithm": "fedgmm"}, Family.MIXTURE, "mixture"),
+        ({"algorithm": "sheaf-frl", "dataset": "digits"}, Family.SHEAF, "sheaf"),
     ],
 )
-def test_spec_is_the_algorithms_row(
-    overrides: dict, family: Family, linear: bool, sheaf: bool
-) -> None:
+def test_spec_is_the_algorithms_row(overrides: dict, family: Family, run_family: str) -> None:
     config = load_run_config(overrides)
     assert config.spec is algorithms.get(config.algorithm)
-    assert config.spec.family is family
-    assert (config.is_linear, config.is_sheaf) == (linear, sheaf)
+    assert config.spec.family == family
+    assert config.family.name == run_family
 
 
 def test_a_registered_algorithm_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:

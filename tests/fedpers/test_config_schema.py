@@ -10,16 +10,12 @@ from enum import StrEnum
 from pathlib import Path
 
 import pytest
-from fedpers.simulations.flags import config_help
 
 from fedpers.config import (
     GROUPS,
-    PYPROJECT,
-    MixtureCovariance,
-    MixtureLabels,
-    MixtureSizes,
     RunConfig,
     core_schema,
+    declared_groups,
     default_run_config,
     markdown_reference,
     pyproject_table,
@@ -27,7 +23,10 @@ from fedpers.config import (
     schema_defaults,
 )
 from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
+from fedpers.families.mixture import MixtureCovariance, MixtureLabels, MixtureSizes
+from fedpers.simulations.flags import config_help
 
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 REFERENCE = PYPROJECT.parent / "docs" / "configuration.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
@@ -35,20 +34,25 @@ START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 def test_every_key_is_in_exactly_one_group() -> None:
     per_group = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
     assert len(per_group) == len(set(per_group))  # inheritance would merge a duplicate
-    fields = [f.name for f in dataclasses.fields(RunConfig) if f.name != "algorithm_settings"]
+    fields = [f.name for f in dataclasses.fields(RunConfig) if f.name != "groups"]
     assert per_group == fields
     assert [s.attribute for s in core_schema().values()] == per_group
+    # the groups of families and rows: each key once across every group, and in the schema
+    every = [f.name for group in declared_groups().values() for f in dataclasses.fields(group)]
+    assert len(every) == len(set(every))
+    assert [s.attribute for s in schema().values()] == every
     assert all(s.description and "\n" not in s.description for s in schema().values())
 
 
 def test_the_defaults_are_the_dataclass_defaults_and_valid() -> None:
     defaults = RunConfig.from_mapping(schema_defaults())
-    assert defaults == RunConfig(algorithm_settings=defaults.algorithm_settings)
+    assert defaults == RunConfig(groups=defaults.groups)
+    assert RunConfig().to_mapping() == schema_defaults()  # unparsed: every group's defaults
     assert defaults.to_mapping() == schema_defaults()
 
 
 def test_pyproject_holds_the_schema_defaults_in_group_order() -> None:
-    table = default_run_config()
+    table = default_run_config(PYPROJECT)
     expected = schema_defaults()
     assert [(k, type(v), v) for k, v in table.items()] == [
         (k, type(v), v) for k, v in expected.items()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 
 

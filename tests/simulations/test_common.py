@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
+
+from fedpers.logs import one_line, strip_ansi
 from fedpers.simulations import (
     conf,
     fedgmm_ood,
@@ -30,9 +33,6 @@ from fedpers.simulations.flags import (
     settings,
 )
 from fedpers.simulations.stats import add_statistics, percentile, seed_statistics
-from scipy import stats
-
-from fedpers.logs import one_line, strip_ansi
 
 SCRIPTS = (
     fedrep_images,

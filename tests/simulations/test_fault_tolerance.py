@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
 from fedpers.reports import read_rounds, read_summary
+from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
 pytestmark = pytest.mark.flower
 

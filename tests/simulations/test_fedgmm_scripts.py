@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fedpers.simulations import fedgmm_ood, fedgmm_synthetic, fedgmm_unseen
 
 pytestmark = pytest.mark.flower

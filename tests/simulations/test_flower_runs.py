@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fedpers.simulations.launch import LocalSimulation, processes_with_home
 
 from fedpers.reports import read_config, read_rounds, read_summary
+from fedpers.simulations.launch import LocalSimulation, processes_with_home
 
 pytestmark = pytest.mark.flower
 

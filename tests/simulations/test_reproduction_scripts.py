@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedpers.simulations import fedrep_images, fedrep_linear
 from scipy import stats
 
 from fedpers.reports import read_clients, read_rounds, read_summary
+from fedpers.simulations import fedrep_images, fedrep_linear
 
 pytestmark = pytest.mark.flower
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from fedpers.simulations import robustness
 
 pytestmark = pytest.mark.flower

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fedpers.simulations import sheaf_bottleneck, sheaf_shift
 
 pytestmark = pytest.mark.flower

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedpers.simulations import tune
-from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
 from fedpers.config import load_run_config
 from fedpers.data.client import client_data
 from fedpers.reports import read_clients, read_config, read_summary
+from fedpers.simulations import tune
+from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
 pytestmark = pytest.mark.flower
 

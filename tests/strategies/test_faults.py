@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedpers.clients.client_app import app as client_app
-from fedpers.strategies import build_strategy
-from fedpers.strategies.rounds import RoundFailedError
 from flwr.app import Message
 
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
 from fedpers.results import RoundRecord
+from fedpers.strategies import build_strategy
+from fedpers.strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
 

@@ -22,9 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedpers.simulations.launch import PROJECT
-from fedpers.simulations.linkstate_cost import RUN_ID, in_memory_run
-from fedpers.strategies import flower_patches
 from flwr.app import Message, RecordDict
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate import LinkStateFactory, in_memory_linkstate
@@ -32,6 +29,10 @@ from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkStat
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.superlink.federation import NoOpFederationManager
+
+from fedpers.simulations.launch import PROJECT
+from fedpers.simulations.linkstate_cost import RUN_ID, in_memory_run
+from fedpers.strategies import flower_patches
 
 
 @pytest.fixture

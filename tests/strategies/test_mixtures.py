@@ -6,9 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-from fedpers.clients.client_app import app as client_app
-from fedpers.strategies import build_strategy
-from fedpers.strategies.fedgmm import FedGMM
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -22,9 +19,13 @@ from numpy.testing import assert_allclose
 from sklearn.mixture import GaussianMixture
 
 from fedpers import protocol
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
+from fedpers.families import mixture as mixture_family
 from fedpers.protocol import UnseenTest
+from fedpers.strategies import build_strategy
+from fedpers.strategies.fedgmm import FedGMM
 from tests.helpers import InProcessGrid, run_config
 
 MIXTURE = {
@@ -70,8 +71,8 @@ def test_one_client_with_fixed_learners_is_sklearn_em_on_the_embeddings() -> Non
     )
     initial = strategy.initial_arrays(grid, timeout=5)
     means, covariances = (
-        initial[protocol.GMM_MEANS].numpy(),
-        initial[protocol.GMM_COVARIANCES].numpy(),
+        initial[mixture_family.GMM_MEANS].numpy(),
+        initial[mixture_family.GMM_COVARIANCES].numpy(),
     )
     result = strategy.start(grid, initial, num_rounds=12, train_config=_config(config, epochs=0))
     z = client_data(config, 0).x_train.astype(float)
@@ -88,10 +89,14 @@ def test_one_client_with_fixed_learners_is_sklearn_em_on_the_embeddings() -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         oracle.fit(z)
-    assert_allclose(result.arrays[protocol.GMM_MEANS].numpy(), oracle.means_, atol=1e-6)
-    assert_allclose(result.arrays[protocol.GMM_COVARIANCES].numpy(), oracle.covariances_, atol=1e-6)
+    assert_allclose(result.arrays[mixture_family.GMM_MEANS].numpy(), oracle.means_, atol=1e-6)
+    assert_allclose(
+        result.arrays[mixture_family.GMM_COVARIANCES].numpy(), oracle.covariances_, atol=1e-6
+    )
     personal = grid.contexts[grid.node_of(0)].state[protocol.STATE_PERSONAL]
-    assert_allclose(personal[protocol.MIXTURE_WEIGHTS].numpy().ravel(), oracle.weights_, atol=1e-6)
+    assert_allclose(
+        personal[mixture_family.MIXTURE_WEIGHTS].numpy().ravel(), oracle.weights_, atol=1e-6
+    )
 
 
 def test_all_clients_start_from_the_same_components_and_pi_stays_home() -> None:
@@ -100,16 +105,16 @@ def test_all_clients_start_from_the_same_components_and_pi_stays_home() -> None:
     strategy.start(grid, initial, num_rounds=2, train_config=_config(config))
     trains = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
     first_round = [m for m in trains if m.content[protocol.CONFIG][protocol.ROUND] == 1]
-    reference = first_round[0].content[protocol.ARRAYS][protocol.GMM_MEANS].numpy()
+    reference = first_round[0].content[protocol.ARRAYS][mixture_family.GMM_MEANS].numpy()
     assert all(
-        np.array_equal(m.content[protocol.ARRAYS][protocol.GMM_MEANS].numpy(), reference)
+        np.array_equal(m.content[protocol.ARRAYS][mixture_family.GMM_MEANS].numpy(), reference)
         for m in first_round
     )
-    assert np.array_equal(reference, initial[protocol.GMM_MEANS].numpy())
+    assert np.array_equal(reference, initial[mixture_family.GMM_MEANS].numpy())
     # Replies carry statistics, gamma and learners, never the personal weights.
     for context in grid.contexts.values():
         if protocol.STATE_PERSONAL in context.state:
-            assert protocol.MIXTURE_WEIGHTS in context.state[protocol.STATE_PERSONAL]
+            assert mixture_family.MIXTURE_WEIGHTS in context.state[protocol.STATE_PERSONAL]
 
 
 def test_unseen_clients_only_take_part_in_the_final_evaluation() -> None:
@@ -150,16 +155,18 @@ def test_non_finite_statistics_are_left_out_with_a_reason() -> None:
     replies = list(grid.send_and_receive(messages))
     good = {k: v.numpy() for k, v in replies[0].content[protocol.ARRAYS].items()}
     bad = dict(good)
-    bad[protocol.STATS_SECOND] = np.full_like(good[protocol.STATS_SECOND], np.nan)
-    arrays, _ = strategy.aggregate_train(1, [replies[0], _fake_reply(grid.node_of(1), bad)])
+    bad[mixture_family.STATS_SECOND] = np.full_like(good[mixture_family.STATS_SECOND], np.nan)
+    # The loop's order: screen, then aggregate what was kept
+    screened = strategy.screen(1, [replies[0], _fake_reply(grid.node_of(1), bad)])
+    arrays, _ = strategy.aggregate_train(1, screened.kept)
     assert arrays is not None
     assert all(np.all(np.isfinite(a.numpy())) for a in arrays.values())
-    assert strategy.rejections[1] == [
-        "partition 1: non-finite values in array 'arrays/stats.second'"
-    ]
+    assert screened.rejected == [(1, "non-finite values in array 'arrays/stats.second'")]
     alone, _ = strategy.aggregate_train(2, [replies[0]])
     assert alone is not None
-    assert_allclose(arrays[protocol.GMM_MEANS].numpy(), alone[protocol.GMM_MEANS].numpy())
+    assert_allclose(
+        arrays[mixture_family.GMM_MEANS].numpy(), alone[mixture_family.GMM_MEANS].numpy()
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["fedgmm", "fedem"])

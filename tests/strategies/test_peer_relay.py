@@ -5,18 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fedpers.clients.client_app import app as client_app
-from fedpers.clients.sheaf import STATE_MAPS, STATE_MODEL
-from fedpers.strategies import build_strategy
-from fedpers.strategies.peer_relay import PeerRelay
 from flwr.app import ConfigRecord, MessageType
 from numpy.testing import assert_allclose
 
 from fedpers import protocol, sheaf
+from fedpers.clients.client_app import app as client_app
+from fedpers.clients.sheaf import STATE_MAPS, STATE_MODEL
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
+from fedpers.families import sheaf as sheaf_family
 from fedpers.models.agents import build_agent
 from fedpers.seeding import int_seed
+from fedpers.strategies import build_strategy
+from fedpers.strategies.peer_relay import PeerRelay
 from fedpers.training import SGDSettings, train
 from tests.helpers import InProcessGrid, client_of, run_config
 
@@ -73,7 +74,7 @@ def test_relay_sends_each_agent_exactly_its_neighbours_pilots_and_no_model() -> 
         assert names == {f"pilots.{j}" for j in sheaf.neighbours(strategy.edges, agent)}
         for j in sheaf.neighbours(strategy.edges, agent):
             pilots = message.content[protocol.ARRAYS][f"pilots.{j}"].numpy()
-            assert pilots.shape[1] == config.agent_specs()[j].latent
+            assert pilots.shape[1] == sheaf_family.run_agent_specs(config)[j].latent
     # Nothing the server sends or relays is a model parameter: only pilot latents.
     for message in grid.sent:
         for record in message.content.array_records.values():
@@ -101,7 +102,10 @@ def test_lambda_zero_reproduces_independent_training() -> None:
     settings = SGDSettings(config.lr, config.momentum, config.weight_decay, config.batch_size)
     for agent in (0, 3):
         alone = build_agent(
-            config.agent_specs()[agent], "digits", 10, int_seed(config.seed, "agent", agent)
+            sheaf_family.run_agent_specs(config)[agent],
+            "digits",
+            10,
+            int_seed(config.seed, "agent", agent),
         )
         data = client_data(config, agent)
         for server_round in range(1, 4):
@@ -116,7 +120,7 @@ def test_lambda_zero_reproduces_independent_training() -> None:
                 epochs=config.epochs,
                 settings=settings,
                 generator=generator,
-                max_grad_norm=config.sheaf_clip,
+                max_grad_norm=sheaf_family.settings(config).sheaf_clip,
             )
         stored = grid.contexts[grid.node_of(agent)].state[STATE_MODEL]
         for name, value in alone.state_dict().items():
@@ -144,10 +148,10 @@ def test_encoders_equal_up_to_a_rotation_communicate_at_private_accuracy() -> No
         last.bias.copy_(q @ last.bias)
         first = receiver.model.head[0]
         first.weight.copy_(first.weight @ q.T)
-    shared = sender.latents_message(ConfigRecord({protocol.WHITENING: "pilots"}))
+    shared = sender.latents_message(ConfigRecord({sheaf_family.WHITENING: "pilots"}))
     arrays = {f"{name}.0": value for name, value in shared.items()}
     metrics = receiver.evaluate(
-        arrays, ConfigRecord({protocol.COMMUNICATION: 1, protocol.WHITENING: "pilots"})
+        arrays, ConfigRecord({sheaf_family.COMMUNICATION: 1, sheaf_family.WHITENING: "pilots"})
     )
     private = sender.evaluate({}, ConfigRecord({}))[protocol.ACCURACY]
     assert metrics["edge.0"] == pytest.approx(private, abs=1e-12)

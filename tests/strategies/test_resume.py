@@ -11,17 +11,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedpers.clients import device_state
-from fedpers.clients.client_app import app as client_app
-from fedpers.strategies import server_app
-from fedpers.strategies.rounds import RoundFailedError
 from flwr.app import Context, MessageType, RecordDict
 
 from fedpers import protocol
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from fedpers.clients import device_state
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import ConfigError, RunConfig, load_run_config
 from fedpers.reports import read_rounds, read_summary
 from fedpers.results import FAILURE_FILE, ROUNDS_FILE, ResultsExistError, RunRecorder
+from fedpers.strategies import server_app
+from fedpers.strategies.rounds import RoundFailedError
 from tests.helpers import InProcessGrid, run_config
 
 SETTINGS = {"dataset": "digits", "num_clients": 4, "fraction_train": 0.5, "epochs": 1}

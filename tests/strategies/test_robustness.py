@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord
+
 from fedpers.clients.client_app import app as client_app
+from fedpers.config import RunConfig
+from fedpers.families import mixture as mixture_family
+from fedpers.results import RoundRecord
 from fedpers.simulations.robustness import MALFORMED, MIXTURE_MALFORMED
 from fedpers.strategies import build_strategy
 from fedpers.strategies.base import FedpersStrategy
 from fedpers.strategies.rounds import RoundFailedError
-from flwr.app import ArrayRecord
-
-from fedpers import protocol
-from fedpers.config import RunConfig
-from fedpers.results import RoundRecord
 from tests.helpers import InProcessGrid, run_config
 
 # Left out, with a reason naming the partition: the kinds of simulations.robustness
@@ -69,8 +69,8 @@ def _well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:
     values = {k: a.numpy() for k, a in state.items()}
     if not all(np.all(np.isfinite(v)) for v in values.values()):
         return False
-    if protocol.GMM_COVARIANCES in values:
-        np.linalg.cholesky(values[protocol.GMM_COVARIANCES])  # raises if not PD
+    if mixture_family.GMM_COVARIANCES in values:
+        np.linalg.cholesky(values[mixture_family.GMM_COVARIANCES])  # raises if not PD
     return True
 
 
@@ -127,10 +127,10 @@ def test_startup_answers_are_screened() -> None:
     # one answering NaN, are left out; the initial components come from the others.
     spec = "startup-scale:1@0,startup-nan:2@0"
     strategy, (_records, states) = _run(FAMILIES["fedgmm"], spec, rounds=1)
-    startup = strategy.rejections[0]
+    startup = strategy.startup_rejections
     assert any(r.startswith("partition 1: query.summary") for r in startup), startup
     assert any(r.startswith("partition 2: query.") for r in startup), startup
-    means = states[0][protocol.GMM_MEANS].numpy()
+    means = states[0][mixture_family.GMM_MEANS].numpy()
     assert np.max(np.abs(means)) < 100  # the synthetic data lie within a few units
     assert all(_well_formed(state, states[0]) for state in states)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from fedpers.strategies import screening
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -15,6 +14,7 @@ from flwr.app import (
 )
 
 from fedpers import protocol
+from fedpers.strategies import screening
 
 
 def _reply(

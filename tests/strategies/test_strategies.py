@@ -6,11 +6,6 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
-from fedpers.clients.client_app import app as client_app
-from fedpers.strategies import build_strategy
-from fedpers.strategies.base import FedpersStrategy
-from fedpers.strategies.federation import PopulationError
-from fedpers.strategies.fedrep import FedRepLinear
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -24,9 +19,15 @@ from numpy.testing import assert_allclose
 from scipy.linalg import orth
 
 from fedpers import linear, protocol
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
-from fedpers.protocol import FinetunedTest
+from fedpers.families import linear as linear_family
+from fedpers.families import personalized as personalized_family
 from fedpers.results import RoundRecord
+from fedpers.strategies import build_strategy
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.federation import PopulationError
+from fedpers.strategies.fedrep import FedRepLinear
 from tests.helpers import InProcessGrid, run_config
 
 
@@ -210,7 +211,7 @@ def test_final_test_finetunes_every_node(algorithm: str) -> None:
         m.content[protocol.CONFIG][protocol.FINETUNE_EPOCHS] == config.finetune_epochs
         for m in finals
     )
-    assert isinstance(final, FinetunedTest)
+    assert isinstance(final, personalized_family.FinetunedTest)
     assert 0.0 <= final.accuracy <= 1.0
 
 
@@ -241,7 +242,9 @@ def test_linear_fedrep_through_the_client_app_learns_the_subspace() -> None:
     initial = strategy.initial_arrays(grid, timeout=5)
     from fedpers.data.synthetic import LinearTasks
 
-    truth = LinearTasks(10, 2, config.linear_noise_std, config.seed).representation
+    truth = LinearTasks(
+        10, 2, linear_family.settings(config).linear_noise_std, config.seed
+    ).representation
     start = linear.principal_angle_distance(initial["body.weight"].numpy().T, truth)
     train = ConfigRecord({protocol.LR: 0.4})
     result = strategy.start(grid, initial, num_rounds=40, train_config=train)

@@ -1,0 +1,191 @@
+"""The registry of algorithm families: what the shared hubs look up instead of naming one.
+
+A family (``FamilySpec``) is one module that owns its knowledge: its settings groups and
+their enums, its cross-checks (functions of a ``RunConfig``), the names it puts on the
+wire, its result types, the queries its clients answer and how, and its end-of-run
+summary. ``fedpers.config`` builds the schema from the registered groups,
+``clients/client_app.py`` registers every family's query handlers, and
+``strategies/server_app.py`` asks the run's family for its progress metric, its
+server-side evaluation and its summary. A new family is a module that calls
+``register``, its strategy, its client and its row; it touches no shared file.
+
+The built-in families (``personalized``, ``linear``, ``mixture``, ``sheaf``) are
+registered on import of this package; installed extensions register theirs through
+``fedpers.algorithms.load_extensions``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+if TYPE_CHECKING:
+    from fedpers.config import RunConfig
+    from fedpers.protocol import FinalTestResult
+    from fedpers.results import RoundRecord
+
+Arrays = dict[str, np.ndarray]
+Metrics = dict[str, float]
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+"""A server-side evaluation of the global arrays after a round (Flower's evaluate_fn)."""
+
+
+class Faults(StrEnum):
+    """Which of the fault injections (``fedpers/faults.py``, tests only) a query's
+    answer passes through on the device."""
+
+    NONE = "none"
+    STARTUP = "startup"  # an answer that seeds the run (initial arrays, statistics)
+    RELAY = "relay"  # an answer the server relays to other nodes
+
+
+Answer = Callable[[Any, "RunConfig", Arrays, ConfigRecord], tuple[Arrays, Metrics]]
+"""``answer(client, run, arrays, config) -> (arrays, metrics)``: a query's reply from
+the message's arrays and config."""
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """A query a family's clients answer, beyond Flower's train and evaluate.
+
+    Parameters
+    ----------
+    name : str
+        The action: the message type is ``query.<name>`` (``fedpers.protocol.query_type``).
+    capability : type
+        The runtime-checkable ``typing.Protocol`` the client must implement; a client
+        that does not is refused with a clear error.
+    answer : Answer
+        The reply, from the client and the message.
+    faults : Faults
+        Which fault injection the answer passes through (tests).
+    doc : str
+        One line: what it answers.
+    """
+
+    name: str
+    capability: type
+    answer: Answer
+    faults: Faults = Faults.NONE
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a family's summary is computed from, at the end of a run."""
+
+    run: RunConfig
+    records: list[RoundRecord]
+    final: FinalTestResult | None
+    initial: Mapping[str, float]  # server metrics of the initial arrays (if evaluated)
+
+
+Summary = Callable[[RunSummary], dict[str, object]]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One family of algorithms.
+
+    Parameters
+    ----------
+    name : str
+        The family's name, as rows of the algorithm table give it (``AlgorithmSpec.family``)
+        and as data sets that only this family uses give it (``DatasetInfo.family``).
+    summary : Summary
+        The family's part of ``summary.json``.
+    groups : tuple of type
+        Settings groups (``fedpers.settings``) it declares, in the order of the docs.
+    checks : tuple of callables
+        Cross-checks ``check(run)`` raising ``ConfigError``; run for every run (a key of
+        the family may be set in any run).
+    queries : tuple of QuerySpec
+        The queries its clients answer.
+    progress_metric : str
+        The metric of a run's progress line and plot.
+    evaluate_fn : callable, optional
+        ``evaluate_fn(run)``: a server-side evaluation after every round.
+    evaluates_clients : bool
+        Whether clients are evaluated (False: the server evaluates, ``evaluate_fn``).
+    input_shape : callable, optional
+        ``input_shape(run)``: the model input of a data set whose shape is a setting of
+        the family, or None.
+    sample_counts : callable, optional
+        ``sample_counts(run)``: (train, test) samples of every client, known without
+        building any data (fresh samples every round), or None.
+    wire : tuple of str
+        Every name it puts on the wire (records, arrays, config and metric keys), for
+        the wire-contract test.
+    """
+
+    name: str
+    summary: Summary
+    groups: tuple[type, ...] = ()
+    checks: tuple[Callable[[RunConfig], None], ...] = ()
+    queries: tuple[QuerySpec, ...] = ()
+    progress_metric: str = "evaluate.accuracy"
+    evaluate_fn: Callable[[RunConfig], EvaluateFn] | None = None
+    evaluates_clients: bool = True
+    input_shape: Callable[[RunConfig], tuple[int, ...] | None] | None = None
+    sample_counts: Callable[[RunConfig], tuple[int, int]] | None = None
+    wire: tuple[str, ...] = field(default=())
+
+
+_FAMILIES: dict[str, FamilySpec] = {}
+BUILT_IN = ("personalized", "linear", "mixture", "sheaf")
+
+
+def register(spec: FamilySpec, *, replace: bool = False) -> FamilySpec:
+    """Add a family (from its own module, or a user's package).
+
+    Raises
+    ------
+    ValueError
+        If a family of that name exists and ``replace`` is False, or one of its queries
+        is already another family's.
+    """
+    if spec.name in _FAMILIES and not replace:
+        raise ValueError(f"family '{spec.name}' is already registered; pass replace=True")
+    taken = {q.name: f.name for f in _FAMILIES.values() if f.name != spec.name for q in f.queries}
+    for query in spec.queries:
+        if query.name in taken:
+            raise ValueError(
+                f"family '{spec.name}' declares query '{query.name}', which family "
+                f"'{taken[query.name]}' already answers; choose another name"
+            )
+    _FAMILIES[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> FamilySpec:
+    """The family ``name``.
+
+    Raises
+    ------
+    KeyError
+        With the known names.
+    """
+    _load_built_in()
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown family '{name}'; registered: {', '.join(_FAMILIES)}") from None
+
+
+def all_families() -> list[FamilySpec]:
+    """Every registered family, the built-in ones first."""
+    _load_built_in()
+    return list(_FAMILIES.values())
+
+
+def _load_built_in() -> None:
+    if all(name in _FAMILIES for name in BUILT_IN):
+        return
+    for name in BUILT_IN:
+        importlib.import_module(f"{__name__}.{name}")

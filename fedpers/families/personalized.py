@@ -1,0 +1,74 @@
+"""The personalized family: a body/head model, part of it averaged by the server.
+
+FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedBABU, Ditto and Local are rows of the
+algorithm table that differ in what they share and train; the server averages the
+shared parts (``strategies/base.py``), the clients keep the rest
+(``clients/base.py``). This module holds what the family adds to the core: the result
+of the fine-tuning test after the last round, Ditto's settings, and the summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedpers import families, protocol
+from fedpers.families import RunSummary
+from fedpers.protocol import FinalTestResult, UnseenTest
+from fedpers.results import RoundRecord, final_mean
+from fedpers.settings import at_least, setting
+
+NAME = "personalized"
+
+
+@dataclass(frozen=True)
+class FinetunedTest(FinalTestResult):
+    """Test accuracy after every client fine-tuned its head (FedAvg+FT, FedBABU)."""
+
+    accuracy: float
+    clients: dict[str, float] = field(default_factory=dict)  # accuracy per partition
+
+
+@dataclass(frozen=True)
+class DittoSettings:
+    """The personal model of Ditto (the row `ditto`)."""
+
+    ditto_lambda: float = setting(
+        0.1,
+        "Ditto: weight of (lambda/2)||v - w||^2 pulling the personal model v toward the "
+        "global model w",
+    )
+
+    def check(self) -> None:
+        at_least("ditto-lambda", self.ditto_lambda, 0.0)
+
+
+def last_client_accuracy(records: list[RoundRecord]) -> dict[str, float]:
+    """Each client's accuracy in the last round that evaluated clients."""
+    for record in reversed(records):
+        if record.clients:
+            return {
+                p: v[protocol.ACCURACY] for p, v in record.clients.items() if protocol.ACCURACY in v
+            }
+    return {}
+
+
+def summary(done: RunSummary) -> dict[str, object]:
+    """Final accuracy (mean of the last rounds, or after fine-tuning), each client's,
+    and the unseen clients' after they adapted."""
+    before = final_mean(done.records, "evaluate.accuracy", done.run.final_rounds)
+    last = last_client_accuracy(done.records)
+    result: dict[str, object] = {"final_accuracy": before, "client_accuracy": last}
+    if isinstance(done.final, FinetunedTest):
+        result = {
+            "final_accuracy": done.final.accuracy,
+            "final_accuracy_before_finetune": before,
+            "client_accuracy": done.final.clients,
+            "client_accuracy_before_finetune": last,
+        }
+    elif isinstance(done.final, UnseenTest):
+        result["unseen_accuracy"] = done.final.accuracy
+        result["unseen_client_accuracy"] = done.final.clients
+    return result
+
+
+FAMILY = families.register(families.FamilySpec(name=NAME, summary=summary))
