@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -29,12 +30,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedpers.atomic import write_text
 from fedpers.config import RunConfig, load_run_config
 from fedpers.logs import strip_ansi
 from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 
 PROJECT = Path(__file__).resolve().parent.parent
+# In a checkout PROJECT holds the project's pyproject.toml (the Flower app); installed
+# from a wheel it is site-packages/fedpers, where nothing is read or written.
+CHECKOUT = (PROJECT / "pyproject.toml").is_file()
 BIN = Path(sys.executable).parent
+WORK_ENV = "FEDPERS_WORK_DIR"  # where the Flower and Ray state of local runs goes
 logger = logging.getLogger(__name__)
 
 # The progress lines of fedpers.results.RunRecorder, as they come out of `flwr run`.
@@ -46,7 +52,68 @@ class FlowerRunError(RuntimeError):
     """A Flower run ended without writing its summary."""
 
 
-def flower_environment(home: Path) -> dict[str, str]:
+def work_directory() -> Path:
+    """Where local runs keep Flower's and Ray's state (``.flwr/``, ``.ray/``) and, from a
+    wheel, the generated app: ``$FEDPERS_WORK_DIR`` if set, else the checkout, else
+    ``~/.cache/fedpers`` (``$XDG_CACHE_HOME/fedpers``). Never the install folder."""
+    if given := os.environ.get(WORK_ENV):
+        return Path(given).expanduser().resolve()
+    if CHECKOUT:
+        return PROJECT
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "fedpers"
+
+
+# Ray's sockets live at RAY_TMPDIR/ray/session_<date>_<time>_<pid>/sockets/plasma_store, 66
+# characters below RAY_TMPDIR, and a Unix socket path has at most 107 bytes.
+RAY_TMPDIR_MAX = 40
+
+
+def ray_directory(work: Path) -> Path:
+    """Ray's temporary folder of local runs: ``work/.ray``, or, where that path is too
+    long for Ray's sockets, a folder of this user in the system's temporary folder."""
+    folder = work / ".ray"
+    if len(str(folder)) > RAY_TMPDIR_MAX:
+        folder = Path(tempfile.gettempdir()) / f"fedpers-ray-{os.getuid()}"
+    return folder
+
+
+_APP_HEADER = """# The Flower app of an installed fedpers, written by fedpers.simulations.launch:
+# its code is the installed package; this file names the apps and every run-config key.
+[project]
+name = "fedpers-app"
+version = "{version}"
+
+[tool.flwr.app]
+publisher = "fedpers"
+
+[tool.flwr.app.components]
+serverapp = "fedpers.strategies.server_app:app"
+clientapp = "fedpers.clients.client_app:app"
+
+"""
+
+
+def app_directory(work: Path) -> Path:
+    """The Flower app that ``flwr run`` builds: the checkout itself, or, installed from a
+    wheel, ``work/app`` with a generated pyproject.toml (every run-config key of the
+    schema, installed extensions included) and no code of its own."""
+    if CHECKOUT:
+        return PROJECT
+    from importlib.metadata import version
+
+    from fedpers.config import pyproject_table
+
+    app = work / "app"
+    app.mkdir(parents=True, exist_ok=True)
+    text = _APP_HEADER.format(version=version("fedpers")) + pyproject_table()
+    pyproject = app / "pyproject.toml"
+    if not pyproject.is_file() or pyproject.read_text() != text:
+        write_text(pyproject, text)
+    return app
+
+
+def flower_environment(home: Path, work: Path | None = None) -> dict[str, str]:
     """The environment every Flower process of this project runs with."""
     env = dict(os.environ)
     env.update(
@@ -54,7 +121,7 @@ def flower_environment(home: Path) -> dict[str, str]:
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_TMPDIR=str(PROJECT / ".ray"),
+        RAY_TMPDIR=str(ray_directory(work or work_directory())),
         # A single-machine Ray instance on loopback: on Linux Ray otherwise announces
         # its nodes at the host's outward address (simulations.ray_cluster sets 1).
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
@@ -101,7 +168,9 @@ class LocalSimulation:
         self.echo = echo or (lambda line: print(line, flush=True))
         self.keep_home = keep_home
         self.environment = dict(environment or {})
-        self.home = PROJECT / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.work = work_directory()
+        self.app = PROJECT if CHECKOUT else self.work / "app"
+        self.home = self.work / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.process: subprocess.Popen[bytes] | None = None
         self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
         self.port = 0
@@ -118,7 +187,8 @@ class LocalSimulation:
     def start(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until its HTTP API answers."""
         self.home.mkdir(parents=True, exist_ok=True)
-        (PROJECT / ".ray").mkdir(exist_ok=True)
+        ray_directory(self.work).mkdir(parents=True, exist_ok=True)
+        self.app = app_directory(self.work)
         self.port = free_port()
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "fedpers"\n\n[superlink.fedpers]\n'
@@ -143,10 +213,10 @@ class LocalSimulation:
         ]
         self.process = subprocess.Popen(
             command,
-            env={**flower_environment(self.home), **self.environment},
+            env={**flower_environment(self.home, self.work), **self.environment},
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            cwd=PROJECT,
+            cwd=self.work,
             start_new_session=True,  # its own process group: stopped as a whole
         )
         deadline = time.monotonic() + timeout
@@ -242,7 +312,7 @@ class LocalSimulation:
         command = [
             str(BIN / "flwr"),
             "run",
-            str(PROJECT),
+            str(self.app),
             "fedpers",
             "--run-config",
             str(run_config_file),
@@ -254,11 +324,11 @@ class LocalSimulation:
         with log_path.open("w") as log:
             process = subprocess.Popen(
                 command,
-                env=flower_environment(self.home),
+                env=flower_environment(self.home, self.work),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                cwd=PROJECT,
+                cwd=self.work,
             )
             self.streams.add(process)
             assert process.stdout is not None

@@ -1,0 +1,101 @@
+"""The ``fedpers`` command: run one configured experiment, or check a configuration.
+
+    fedpers run conf/fedrep_table1.toml --out results/table1 [--seeds 3]
+    fedpers run conf/fedgmm_table2.toml --run-config "algorithm='fedem'" --out DIR
+    fedpers check conf/fedgmm_table2.toml [--run-config "num-rounds=20"]
+
+``run`` does what the reproduction scripts do for one method: it checks every run's
+configuration and data before anything starts, starts a local simulation SuperLink,
+runs the configuration's algorithm once per seed (``DIR/runs/<algorithm>-seed<K>/``,
+each a results directory: config.json, rounds.jsonl, clients.jsonl, summary.json,
+plots), stops the SuperLink by its PID, and writes ``DIR/summary.json`` and
+``DIR/table.md`` (the mean, std and 95% interval over the seeds). It works from a
+checkout and from an installed wheel alike: Flower's and Ray's state goes to the work
+folder (``$FEDPERS_WORK_DIR``, else the checkout, else ``~/.cache/fedpers``), never to
+the install folder. ``check`` validates without starting anything (``simulations.check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedpers.simulations import check
+from fedpers.simulations.flags import output_parser, run_config_values, seeds_of
+
+FIGURES = ("final_accuracy", "private_accuracy", "final_principal_angle_distance")
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = output_parser("Run one configured experiment, once per seed.")
+    parser.prog = "fedpers run"
+    parser.add_argument(
+        "config",
+        nargs="+",
+        metavar="CONFIG.toml",
+        help="run-config files (conf/*.toml); later ones win, then --run-config",
+    )
+    return parser
+
+
+def run(argv: Sequence[str]) -> int:
+    """``fedpers run``: every seed of the configured algorithm; the summary over seeds."""
+    from fedpers.simulations.runs import run_methods
+    from fedpers.simulations.tables import method_table, write_summary
+
+    args = _run_parser().parse_args(argv)
+    args.run_config = [*args.config, *args.run_config]
+    values: dict[str, Any] = run_config_values(args.run_config)
+    values.pop("seed", None)
+    algorithm = str(values.get("algorithm", "fedrep"))
+    seeds = seeds_of(args)
+    directories = run_methods(args, values, [algorithm], seeds)
+    summary, figures = seed_summary(algorithm, seeds, directories)
+    out = args.out.expanduser().resolve()
+    write_summary(out, summary)
+    table = method_table(summary, [(n, n.replace("_", " ")) for n in figures if n in PERCENT])
+    (out / "table.md").write_text(table)
+    print(table)
+    return 0
+
+
+PERCENT = ("final_accuracy", "private_accuracy")  # the figures the table shows, in %
+
+
+def seed_summary(
+    algorithm: str, seeds: Sequence[int], directories: Mapping[tuple[str, int], Path]
+) -> tuple[dict[str, Any], list[str]]:
+    """The scripts' summary of one method over the seeds (``method_summary``), for the
+    figures of ``FIGURES`` its runs report; and those figures' names."""
+    from fedpers.reports import read_summary
+    from fedpers.simulations.tables import method_summary
+
+    runs = {seed: read_summary(directories[(algorithm, seed)]) for seed in seeds}
+    names = [n for n in FIGURES if isinstance(runs[seeds[0]].get(n), int | float)]
+    figures = {n: {(algorithm, s): float(runs[s][n]) for s in seeds} for n in names}
+    clients = {algorithm: dict(runs[seeds[0]].get("client_accuracy", {}))}
+    return method_summary([algorithm], seeds, figures, clients, directories), names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``fedpers {run,check} ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run": run, "check": _check}
+    if not argv or argv[0] not in commands:
+        print(__doc__.split("\n\n")[0] + "\n\nusage: fedpers {run,check} ...", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return commands[argv[0]](argv[1:])
+
+
+def _check(argv: Sequence[str]) -> int:
+    """``fedpers check FILE [...]``: ``simulations.check`` with the files as --run-config."""
+    files = [a for a in argv if not a.startswith("-") and a.endswith(".toml")]
+    rest = [a for a in argv if a not in files]
+    return check.main([arg for f in files for arg in ("--run-config", f)] + rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
