@@ -29,7 +29,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fedpers import algorithms, families, protocol
+from fedpers import algorithms, families, protocol, records
 from fedpers.clients import device_state, faults
 from fedpers.clients.common import Client, SeedsModel
 from fedpers.config import Partitioner, RunConfig
@@ -68,7 +68,7 @@ def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Cli
     """This node's client of the run's algorithm (its row's client class), with its
     state restored from the device if the node is fresh (``clients.device_state``)."""
     if msg is not None and protocol.ROUND in _config(msg):
-        server_round = int(_config(msg)[protocol.ROUND])  # type: ignore[arg-type]
+        server_round = records.integer(_config(msg)[protocol.ROUND], protocol.ROUND)
         # Training in round r starts from the state after round r - 1; evaluating in
         # round r sees the state trained in round r.
         evaluating = msg.metadata.message_type == MessageType.EVALUATE
@@ -145,7 +145,7 @@ def train(msg: Message, context: Context) -> Message:
     device_state.persist(
         run,
         context,
-        server_round=int(config[protocol.ROUND]),  # type: ignore[arg-type]
+        server_round=records.integer(config[protocol.ROUND], protocol.ROUND),
         token=str(config.get(protocol.RUN_TOKEN, "")),
     )
     return faults.on_wire(run, partition, config, _reply(msg, arrays, metrics))

@@ -6,7 +6,8 @@
 - Typed interfaces (``typing.Protocol``) of what the ClientApp's handlers call: every
   client trains and evaluates, and seeds the initial arrays; the interfaces of a
   family's own queries are the family's (``fedpers.families``).
-- Reading the server's per-round settings from a message.
+- Reading the server's per-round settings from a message (``config_int``,
+  ``config_float``, from ``fedpers.records``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from fedpers.config import RunConfig
+from fedpers.records import config_float, config_int
+
+__all__ = ["Arrays", "Client", "ClientBase", "Metrics", "SeedsModel", "config_float", "config_int"]
 
 Arrays = dict[str, np.ndarray]
 Metrics = dict[str, float]
@@ -60,19 +64,3 @@ class SeedsModel(Protocol):
     def initial_arrays(self) -> Arrays:
         """The round-0 shared arrays."""
         ...
-
-
-def config_int(config: ConfigRecord, key: str, default: int | None = None) -> int:
-    """An integer entry of the server's ConfigRecord, with a clear error if absent."""
-    if key not in config:
-        if default is not None:
-            return default
-        raise KeyError(f"the server's message lacks config entry '{key}'")
-    return int(config[key])  # type: ignore[arg-type]
-
-
-def config_float(config: ConfigRecord, key: str) -> float:
-    """A float entry of the server's ConfigRecord, with a clear error if absent."""
-    if key not in config:
-        raise KeyError(f"the server's message lacks config entry '{key}'")
-    return float(config[key])  # type: ignore[arg-type]

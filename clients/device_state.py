@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.atomic import save_npz
 from fedpers.config import RunConfig
 
@@ -120,6 +120,6 @@ def persist(run: RunConfig, context: Context, *, server_round: int, token: str =
 def count_round(context: Context) -> int:
     """Count one more training round in the node's state; return the count."""
     meta = context.state.get(META)
-    count = int(meta[ROUNDS_TRAINED]) + 1 if isinstance(meta, ConfigRecord) else 1  # type: ignore[arg-type]
+    count = records.integer(meta[ROUNDS_TRAINED]) + 1 if isinstance(meta, ConfigRecord) else 1
     context.state[META] = ConfigRecord({ROUNDS_TRAINED: count})
     return count

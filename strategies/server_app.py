@@ -8,10 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from fedpers import records
+from fedpers.atomic import save_npz
 from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedpers.config import RunConfig
 from fedpers.families import RunSummary
@@ -156,11 +157,8 @@ def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None
 
 
 def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
-    return {} if metrics is None else {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
+    return {} if metrics is None else records.numbers(metrics)
 
 
 def _save_arrays(path: Path, arrays: ArrayRecord) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as handle:
-        np.savez(handle, **{n: a.numpy() for n, a in arrays.items()})  # type: ignore[arg-type]
-    tmp.replace(path)
+    save_npz(path, {n: a.numpy() for n, a in arrays.items()})
