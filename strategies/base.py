@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.aggregation import aggregate
 from fedpers.algorithms import FinalTest
 from fedpers.config import LrSchedule, RunConfig
@@ -232,7 +232,7 @@ class FedpersStrategy(Strategy):
         self.sent_arrays = screening.array_specs(arrays)
         self.current_shared = {name: array.numpy() for name, array in arrays.items()}
         if protocol.LR in config:
-            base_lr = float(config[protocol.LR])  # type: ignore[arg-type]
+            base_lr = records.number(config[protocol.LR], protocol.LR)
             config[protocol.LR] = base_lr * self.lr_factor(server_round)
         content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
         return dict.fromkeys(self.sample(server_round), content)
@@ -466,7 +466,9 @@ def _agreeing(answers: dict[int, dict[str, np.ndarray]]) -> list[int]:
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:
     """Flower's weighted mean of the replies' metrics (by ``num-examples``); None when
     there is nothing to weigh."""
-    weights = [float(c.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]) for c in contents]  # type: ignore[arg-type]
+    weights = [
+        records.number(c.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]) for c in contents
+    ]
     if not contents or not sum(weights) > 0:
         return None
     return aggregate_metricrecords(contents, protocol.NUM_EXAMPLES)

@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.families import sheaf as sheaf_family
 from fedpers.strategies import screening
 from fedpers.strategies.federation import Exchange, Federation
@@ -101,9 +101,10 @@ def _accuracies(exchange: Exchange) -> tuple[dict[tuple[int, int], float], float
         values = content.metric_records[protocol.METRICS]
         for key, value in values.items():
             if (source := sheaf_family.edge_sender(key)) is not None:
-                edges[(source, receiver)] = float(value)  # type: ignore[arg-type]
-        if np.isfinite(float(values[protocol.ACCURACY])):  # type: ignore[arg-type]
-            per_receiver.append(float(values[protocol.ACCURACY]))  # type: ignore[arg-type]
+                edges[(source, receiver)] = records.number(value, key)
+        accuracy = records.number(values[protocol.ACCURACY], protocol.ACCURACY)
+        if np.isfinite(accuracy):
+            per_receiver.append(accuracy)
     return edges, float(np.mean(per_receiver)) if per_receiver else float("nan")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import gmm, protocol
+from fedpers import gmm, protocol, records
 from fedpers.aggregation import Aggregation
 from fedpers.config import RunConfig
 from fedpers.families import mixture as mixture_family
@@ -95,7 +95,7 @@ class FedEM(FedpersStrategy):
     # -------------------------------------------------------------- aggregation
     def learner_weights(self, content: RecordDict) -> np.ndarray:
         """Weight of a client's learners in their averages (M2,): its sample count."""
-        count = float(content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES])  # type: ignore[arg-type]
+        count = records.number(content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES])
         return np.full(self.learners, count)
 
     def aggregate_train(

@@ -16,7 +16,7 @@ from typing import Protocol
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.families import personalized as personalized_family
 from fedpers.protocol import UnseenTest
 from fedpers.strategies.federation import Federation
@@ -98,4 +98,4 @@ def _accuracy(
     }
     if metrics is None:
         return None, clients
-    return float(metrics[protocol.ACCURACY]), clients  # type: ignore[arg-type]
+    return records.number(metrics[protocol.ACCURACY], protocol.ACCURACY), clients

@@ -36,7 +36,7 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 
-from fedpers import protocol, sheaf
+from fedpers import protocol, records, sheaf
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import SheafVariant
@@ -301,7 +301,7 @@ class PeerRelay(FedpersStrategy):
         for reply in replies:
             if not reply.has_error():
                 accuracy = reply.content.metric_records[protocol.METRICS][protocol.ACCURACY]
-                self.private_accuracy[self.federation.partition(reply)] = float(accuracy)  # type: ignore[arg-type]
+                self.private_accuracy[self.federation.partition(reply)] = records.number(accuracy)
         return super().aggregate_evaluate(server_round, replies)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:

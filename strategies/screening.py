@@ -28,7 +28,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 from flwr.common.constant import SType
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.logs import one_line
 
 ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server expects
@@ -107,7 +107,7 @@ def defect(reply: Message) -> str | None:
 def num_examples(reply: Message) -> float:
     """The reply's ``num-examples`` (after ``weight_defect`` passed)."""
     value = reply.content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES]
-    return float(value)  # type: ignore[arg-type]
+    return records.number(value, protocol.NUM_EXAMPLES)
 
 
 def weight_defect(reply: Message) -> str | None:
