@@ -7,9 +7,12 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
 
 from fedpers import records
 from fedpers.atomic import save_npz
@@ -17,9 +20,13 @@ from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from fedpers.config import RunConfig
 from fedpers.families import RunSummary
 from fedpers.logs import route_to_flower
+from fedpers.protocol import FinalTestResult
 from fedpers.results import RunRecorder, final_mean, run_directory, write_failure, write_json
 from fedpers.strategies import build_strategy
 from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES
+
+if TYPE_CHECKING:
+    from fedpers.strategies.base import FedpersStrategy
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
@@ -44,28 +51,20 @@ def main(grid: Grid, context: Context) -> None:
     The run's family (``fedpers.families``) says what its progress line shows, whether
     the server evaluates the global arrays after every round, and what its summary
     holds; the keys every run has are added here."""
-    serverapp_started = time.time()
+    started = {"serverapp_started": time.time()}
     route_to_flower()
     config = RunConfig.from_mapping(context.run_config)
     run_name = (
         config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     directory = run_directory(config.results_dir, run_name)
-    family = config.family
-    progress = family.progress_metric
-    try:
-        checkpoint_round, checkpoint_arrays = (
-            load_checkpoint(directory, num_rounds=config.num_rounds) if config.resume else (0, {})
-        )
-    except CheckpointError as error:
-        write_failure(directory, f"{type(error).__name__}: {error}")
-        raise
+    checkpoint_round, checkpoint_arrays = _checkpoint_to_resume(config, directory)
     recorder = RunRecorder(
         directory,
         {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
         name=run_name,
         total_rounds=config.num_rounds,
-        progress_metric=progress,
+        progress_metric=config.family.progress_metric,
         resume_after=checkpoint_round if config.resume else None,
         tensorboard=config.tensorboard,
     )
@@ -76,52 +75,96 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
-    evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
-    evaluate_config = strategy.evaluate_config()
     try:
-        strategy.federation.connect(
-            grid,
-            timeout=config.node_wait_timeout,
-            settled=SETTLED_SECONDS if SIMULATION else None,
-        )
-        partitions_known = time.time()
-        if config.resume:
-            initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
-            expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
-            if reason := strategy.state_defect(initial, expected):
-                raise CheckpointError(
-                    f"{directory / CHECKPOINT_FILE} does not fit this run ({reason}); "
-                    "resume it with the configuration that wrote it, or start afresh"
-                )
-        else:
-            initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
-            if evaluate_fn is not None:
-                write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
-        rounds_started = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
-        result = strategy.start(
-            grid,
-            initial,
-            num_rounds=config.num_rounds,
-            timeout=config.round_timeout,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-            first_round=checkpoint_round + 1,
-            on_round=recorder.record,
-            on_checkpoint=lambda server_round, arrays: _checkpoint(directory, server_round, arrays),
-        )
-        final = strategy.final_test(
-            grid,
-            result.arrays,
-            evaluate_config,
-            server_round=config.num_rounds + 1,
-            timeout=config.round_timeout,
+        result, final = _run(
+            grid, config, strategy, recorder, (checkpoint_round, checkpoint_arrays), started
         )
     except Exception as error:
         recorder.fail(f"{type(error).__name__}: {error}")
         raise
     _save_arrays(directory / "final_arrays.npz", result.arrays)
-    initial_file = directory / INITIAL_FILE
-    summary = family.summary(
+    summary = _summary(config, strategy, recorder, final, started)
+    written = recorder.finish(summary, plots=[config.family.progress_metric])
+    logger.info("summary: %s", written)
+
+
+def _checkpoint_to_resume(config: RunConfig, directory: Path) -> tuple[int, dict[str, np.ndarray]]:
+    """The round and arrays a resumed run continues from (0 and none for a fresh run); a
+    checkpoint that cannot be read fails the run before anything starts."""
+    if not config.resume:
+        return 0, {}
+    try:
+        return load_checkpoint(directory, num_rounds=config.num_rounds)
+    except CheckpointError as error:
+        write_failure(directory, f"{type(error).__name__}: {error}")
+        raise
+
+
+def _run(
+    grid: Grid,
+    config: RunConfig,
+    strategy: FedpersStrategy,
+    recorder: RunRecorder,
+    checkpoint: tuple[int, dict[str, np.ndarray]],
+    started: dict[str, float],
+) -> tuple[Result, FinalTestResult | None]:
+    """Connect to the nodes, find the initial arrays (or check the checkpoint's), run the
+    rounds and the final test; ``started`` gets the start-up's timestamps."""
+    checkpoint_round, checkpoint_arrays = checkpoint
+    directory = recorder.directory
+    family = config.family
+    evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
+    evaluate_config = strategy.evaluate_config()
+    strategy.federation.connect(
+        grid,
+        timeout=config.node_wait_timeout,
+        settled=SETTLED_SECONDS if SIMULATION else None,
+    )
+    started["partitions_known"] = time.time()
+    if config.resume:
+        initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
+        expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
+        if reason := strategy.state_defect(initial, expected):
+            raise CheckpointError(
+                f"{directory / CHECKPOINT_FILE} does not fit this run ({reason}); "
+                "resume it with the configuration that wrote it, or start afresh"
+            )
+    else:
+        initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
+        if evaluate_fn is not None:
+            write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+    started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
+    result = strategy.start(
+        grid,
+        initial,
+        num_rounds=config.num_rounds,
+        timeout=config.round_timeout,
+        evaluate_config=evaluate_config,
+        evaluate_fn=evaluate_fn,
+        first_round=checkpoint_round + 1,
+        on_round=recorder.record,
+        on_checkpoint=lambda server_round, arrays: _checkpoint(directory, server_round, arrays),
+    )
+    final = strategy.final_test(
+        grid,
+        result.arrays,
+        evaluate_config,
+        server_round=config.num_rounds + 1,
+        timeout=config.round_timeout,
+    )
+    return result, final
+
+
+def _summary(
+    config: RunConfig,
+    strategy: FedpersStrategy,
+    recorder: RunRecorder,
+    final: FinalTestResult | None,
+    started: dict[str, float],
+) -> dict[str, object]:
+    """The family's summary, then what every run reports: start-up, loss, bytes."""
+    initial_file = recorder.directory / INITIAL_FILE
+    summary = config.family.summary(
         RunSummary(
             run=config,
             records=recorder.records,
@@ -131,25 +174,23 @@ def main(grid: Grid, context: Context) -> None:
     )
     summary["algorithm"] = config.algorithm
     summary["startup_rejections"] = list(strategy.startup_rejections)
-    summary["rounds_started_unix"] = rounds_started
+    summary["rounds_started_unix"] = started["rounds_started"]
     # where the start-up went (wall clock, seconds since the epoch)
     summary["startup_unix"] = {
-        "serverapp_started": serverapp_started,
+        "serverapp_started": started["serverapp_started"],
         "nodes_registered": strategy.federation.registered_at,
-        "partitions_known": partitions_known,
-        "rounds_started": rounds_started,
+        "partitions_known": started["partitions_known"],
+        "rounds_started": started["rounds_started"],
     }
-    summary["final_train_loss"] = final_mean(recorder.records, "train.loss", config.final_rounds)
-    sent = sum(r.server.get(BYTES_SENT, 0.0) for r in recorder.records)
-    received = sum(r.server.get(BYTES_RECEIVED, 0.0) for r in recorder.records)
+    records_ = recorder.records
+    summary["final_train_loss"] = final_mean(records_, "train.loss", config.final_rounds)
+    sent = sum(r.server.get(BYTES_SENT, 0.0) for r in records_)
+    received = sum(r.server.get(BYTES_RECEIVED, 0.0) for r in records_)
     summary["bytes_sent"] = sent
     summary["bytes_received"] = received
     summary["megabytes_total"] = (sent + received) / 1e6  # training messages, both ways
-    summary["evaluate_megabytes"] = (
-        sum(r.server.get(EVALUATE_BYTES, 0.0) for r in recorder.records) / 1e6
-    )
-    written = recorder.finish(summary, plots=[progress])
-    logger.info("summary: %s", written)
+    summary["evaluate_megabytes"] = sum(r.server.get(EVALUATE_BYTES, 0.0) for r in records_) / 1e6
+    return summary
 
 
 def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None:
