@@ -46,7 +46,13 @@ def run(argv: Sequence[str]) -> int:
     from fedpers.simulations.runs import run_methods
     from fedpers.simulations.tables import method_table, write_summary
 
-    args = _run_parser().parse_args(argv)
+    parser = _run_parser()
+    args = parser.parse_args(argv)
+    if args.quick:
+        parser.error(
+            "--quick is the scripts' small version of a paper experiment; fedpers run runs "
+            "the configuration as given: set num-rounds (and num-clients) to shrink it"
+        )
     args.run_config = [*args.config, *args.run_config]
     values: dict[str, Any] = run_config_values(args.run_config)
     values.pop("seed", None)

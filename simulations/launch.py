@@ -5,8 +5,9 @@ PID), points a private ``FLWR_HOME`` at it, runs ``flwr run . --stream`` once pe
 experiment, and on exit stops the SuperLink and every process it started, by PID and
 process group. Every run has the environment this machine needs: no runtime
 dependency installation (Flower would otherwise ``uv sync`` torch from PyPI),
-telemetry and update checks off, its own ``FLWR_HOME`` and ``RAY_TMPDIR`` inside the
-project. The run config is validated before Flower or Ray start.
+telemetry and update checks off, its own ``FLWR_HOME`` and ``RAY_TMPDIR`` in the work
+folder (``work_directory``: the checkout, or from a wheel ``~/.cache/fedpers``; never the
+install folder). The run config is validated before Flower or Ray start.
 """
 
 from __future__ import annotations

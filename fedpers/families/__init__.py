@@ -9,14 +9,16 @@ summary. ``fedpers.config`` builds the schema from the registered groups,
 server-side evaluation and its summary. A new family is a module that calls
 ``register``, its strategy, its client and its row; it touches no shared file.
 
-The built-in families (``personalized``, ``linear``, ``mixture``, ``sheaf``) are
-registered on import of this package; installed extensions register theirs through
-``fedpers.algorithms.load_extensions``.
+The built-in families are the modules of this package (``personalized``, ``linear``,
+``mixture``, ``sheaf``), registered on first use; installed extensions register theirs
+through ``fedpers.algorithms.load_extensions``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -97,7 +99,7 @@ class FamilySpec:
     ----------
     name : str
         The family's name, as rows of the algorithm table give it (``AlgorithmSpec.family``)
-        and as data sets that only this family uses give it (``DatasetInfo.family``).
+        and as data sets that bind their runs to it give it (``DatasetInfo.run_family``).
     summary : Summary
         The family's part of ``summary.json``.
     groups : tuple of type
@@ -138,7 +140,9 @@ class FamilySpec:
 
 
 _FAMILIES: dict[str, FamilySpec] = {}
-BUILT_IN = ("personalized", "linear", "mixture", "sheaf")
+# The built-in families are the modules of this package, registered on first use (in the
+# order of this list where it names them, then by name); nothing here lists a new one.
+FIRST = ("personalized", "linear", "mixture", "sheaf")
 
 
 def register(spec: FamilySpec, *, replace: bool = False) -> FamilySpec:
@@ -150,6 +154,8 @@ def register(spec: FamilySpec, *, replace: bool = False) -> FamilySpec:
         If a family of that name exists and ``replace`` is False, or one of its queries
         is already another family's.
     """
+    if _FAMILIES.get(spec.name) == spec:  # the same family again (a module loaded twice)
+        return spec
     if spec.name in _FAMILIES and not replace:
         raise ValueError(f"family '{spec.name}' is already registered; pass replace=True")
     taken = {q.name: f.name for f in _FAMILIES.values() if f.name != spec.name for q in f.queries}
@@ -184,8 +190,8 @@ def all_families() -> list[FamilySpec]:
     return list(_FAMILIES.values())
 
 
+@functools.cache
 def _load_built_in() -> None:
-    if all(name in _FAMILIES for name in BUILT_IN):
-        return
-    for name in BUILT_IN:
+    found = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    for name in [*(n for n in FIRST if n in found), *(n for n in found if n not in FIRST)]:
         importlib.import_module(f"{__name__}.{name}")
