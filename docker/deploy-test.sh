@@ -17,7 +17,14 @@ cleanup() {
         # dockerd leaves its chains, a DROP FORWARD policy and changed sysctls behind
         iptables-restore < "$work/iptables.before" || true
         for table in nat filter; do  # a table that was empty before: empty it again
-            grep -q "^\*$table" "$work/iptables.before" || { iptables -t $table -F; iptables -t $table -X; } || true
+            # and put its built-in chains' policies back to ACCEPT (a table that did not
+            # exist had ACCEPT; flushing leaves Docker's FORWARD DROP in place)
+            grep -q "^\*$table" "$work/iptables.before" || {
+                iptables -t $table -F; iptables -t $table -X
+                for chain in $(iptables -t $table -S | awk '/^-P/ {print $2}'); do
+                    iptables -t $table -P "$chain" ACCEPT
+                done
+            } || true
         done
         sysctl -q -w "net.ipv4.ip_forward=$(cat "$work/ip_forward.before")" || true
         if [[ -s "$work/bridge_nf.before" ]]; then
