@@ -1,12 +1,36 @@
-"""Fixtures for tests that start real Flower processes."""
+"""Fixtures for the scripts' tests: a real local simulation SuperLink, and its in-process
+double, which runs a script's experiments without Flower's processes or Ray.
+
+The double runs the same ServerApp ``main`` and the same ClientApp on the same run
+config as ``flwr run``; a run writes what the real run writes: the same rounds, byte
+counts and rejections, every float to 1e-9 (the replies are summed in another order),
+a client error's text aside (tests/simulations/test_scripts_through_flower.py checks
+it for the first run of every script, through a real ``flwr run``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import json
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 
-from fedpers.simulations.launch import LocalSimulation, processes_with_home
+from fedpers.clients.client_app import app as client_app
+from fedpers.reports import read_rounds, read_summary
+from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
+from fedpers.simulations import launch
+from fedpers.simulations.launch import FlowerRunError, LocalSimulation, processes_with_home
+from fedpers.strategies import server_app
+from tests.helpers import InProcessGrid
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +40,185 @@ def simulation() -> Iterator[LocalSimulation]:
     with LocalSimulation(echo=lines.append) as sim:
         yield sim
     assert processes_with_home(sim.home) == []
+
+
+class InProcessSimulation:
+    """``LocalSimulation``'s interface, each run in this process: the ServerApp's
+    ``main`` on an ``InProcessGrid`` of real ClientApps, one node per virtual node, with
+    the run config that ``flwr run`` would pass. No SuperLink, no Ray, no start-up.
+
+    A run ends as under Flower: with its results directory, or with ``FlowerRunError``
+    and the reason its ``failure.json`` gives. ``runs`` lists the run names, in order.
+    Runs that a script starts from several threads run one at a time: each real run has
+    a process of its own, and nothing of one may leak into another.
+    """
+
+    one_at_a_time = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        echo: Callable[[str], None] | None = None,
+        keep_home: bool = False,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        self.runs: list[str] = []
+        self.process = None
+
+    def __enter__(self) -> InProcessSimulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(
+        self,
+        overrides: Mapping[str, Any],
+        *,
+        num_supernodes: int | None = None,
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> Path:
+        config = launch.resolved_config(overrides)
+        directory = run_directory(config.results_dir, config.run_name)
+        if (directory / SUMMARY_FILE).exists() and not config.resume:
+            raise ResultsExistError(f"{directory} already holds results; remove it first")
+        values = config.to_mapping()
+        grid = InProcessGrid(client_app, values, num_supernodes or config.num_clients)
+        context = Context(
+            run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values
+        )
+        with self.one_at_a_time:
+            self.runs.append(config.run_name)
+            try:
+                server_app.main(grid, context)  # type: ignore[arg-type]
+            except Exception as error:  # the run ended; what it wrote says how
+                ended = f"{type(error).__name__}: {error}"
+            else:
+                ended = "no error"
+        if (directory / SUMMARY_FILE).exists():
+            return directory
+        failure = directory / FAILURE_FILE
+        reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"
+        raise FlowerRunError(f"run '{config.run_name}' failed: {reason} ({ended})")
+
+    def run_all(
+        self, runs: Sequence[Mapping[str, Any]], *, parallel: int = 1, **kwargs: Any
+    ) -> list[Path]:
+        for overrides in runs:
+            launch.resolved_config(overrides)
+        return [self.run(overrides, **kwargs) for overrides in runs]
+
+
+class FirstRunThroughFlower(InProcessSimulation):
+    """The first run through ``real`` (``flwr run`` on Ray), and again in process beside
+    it, into ``<results-dir>/in-process/`` (its twin); every other run in process.
+    ``twins`` holds the (real, in-process) directories of the first run."""
+
+    def __init__(self, real: LocalSimulation, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.real = real
+        self.twins: list[tuple[Path, Path]] = []
+        self._claimed = threading.Lock()  # held by the first run, for good
+
+    def run(self, overrides: Mapping[str, Any], **kwargs: Any) -> Path:
+        if not self._claimed.acquire(blocking=False):
+            return super().run(overrides, **kwargs)
+        directory = self.real.run(overrides, **kwargs)
+        twin = {**overrides, "results-dir": str(directory.parent / "in-process")}
+        self.twins.append((directory, super().run(twin, **kwargs)))
+        return directory
+
+
+@contextlib.contextmanager
+def simulations_in_process(
+    kind: Callable[..., InProcessSimulation] = InProcessSimulation,
+) -> Iterator[list[InProcessSimulation]]:
+    """While open, every ``LocalSimulation`` that a script makes is what ``kind`` makes
+    (with the same arguments), and the ServerApp runs as in a simulation's process
+    (``server_app.SIMULATION``); yields the simulations made, in order."""
+    made: list[InProcessSimulation] = []
+
+    def make(**kwargs: Any) -> InProcessSimulation:
+        made.append(kind(**kwargs))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("fedpers.simulations") and hasattr(module, "LocalSimulation"):
+                patch.setattr(module, "LocalSimulation", make)
+        patch.setattr(server_app, "SIMULATION", True)
+        yield made
+
+
+@pytest.fixture
+def in_process() -> Iterator[list[InProcessSimulation]]:
+    """Scripts run their experiments in process (``simulations_in_process``)."""
+    with simulations_in_process() as made:
+        yield made
+
+
+# What differs between two runs of one configuration: their clocks, and where they wrote.
+TIMES = ("seconds", "_unix", "results-dir")
+CLIENT_ERROR = re.compile(r"^(partition \d+: client error): .*$", re.S)
+
+
+def comparable(value: Any) -> Any:
+    """``value`` (a run's JSON) without the entries that hold times or its own path, and
+    with a client error's text cut to "partition P: client error": Flower hands the
+    ServerApp the ClientApp's exception wrapped in its own, the in-process grid as
+    ``repr``."""
+    if isinstance(value, dict):
+        return {k: comparable(v) for k, v in value.items() if not k.endswith(TIMES)}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    if isinstance(value, str):
+        return CLIENT_ERROR.sub(r"\1", value)
+    return value
+
+
+def assert_same_numbers(real: Any, twin: Any, where: str = "") -> None:
+    """Equal JSON values, floats to 1e-9: the ServerApp sums the replies in the order
+    they arrive, which under Flower is not the nodes' order."""
+    if isinstance(real, dict) and isinstance(twin, dict):
+        assert sorted(real) == sorted(twin), where
+        for key in real:
+            assert_same_numbers(real[key], twin[key], f"{where}.{key}")
+    elif isinstance(real, list) and isinstance(twin, list):
+        assert len(real) == len(twin), where
+        for index, (a, b) in enumerate(zip(real, twin, strict=True)):
+            assert_same_numbers(a, b, f"{where}[{index}]")
+    elif isinstance(real, float) or isinstance(twin, float):
+        assert real == pytest.approx(twin, rel=1e-9, abs=1e-12, nan_ok=True), where
+    else:
+        assert real == twin, where
+
+
+def assert_same_run(real: Path, twin: Path) -> None:
+    """Two run directories of one configuration hold the same results: the resolved
+    configuration, every round's record and client figures, the summary and the final
+    arrays (to 1e-9; float32 arrays to a few of their units in the last place)."""
+    assert_same_numbers(comparable(read_summary(real)), comparable(read_summary(twin)), "summary")
+    assert_same_numbers(
+        [comparable(asdict(r)) for r in read_rounds(real)],
+        [comparable(asdict(r)) for r in read_rounds(twin)],
+        "rounds",
+    )
+    for name in ("config.json", "clients.jsonl"):
+        assert (real / name).exists() == (twin / name).exists(), name
+        if (real / name).exists():
+            texts = [(d / name).read_text() for d in (real, twin)]
+            values = [
+                [json.loads(x) for x in t.splitlines()] if name.endswith("l") else json.loads(t)
+                for t in texts
+            ]
+            assert_same_numbers(comparable(values[0]), comparable(values[1]), name)
+    arrays = real / "final_arrays.npz"
+    assert arrays.exists() == (twin / "final_arrays.npz").exists()
+    if arrays.exists():
+        with np.load(arrays) as a, np.load(twin / "final_arrays.npz") as b:
+            assert sorted(a.files) == sorted(b.files)
+            for name in a.files:
+                assert a[name].dtype == b[name].dtype, name
+                rtol = 1e-9 if a[name].dtype == np.float64 else 1e-5
+                np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=1e-7, err_msg=name)

@@ -1,4 +1,6 @@
-"""FedGMM's reproduction scripts in --quick form, against the issue's bounds."""
+"""FedGMM's reproduction scripts in --quick form, against the issue's bounds; their runs in
+process (``in_process``, tests/simulations/conftest.py), each script's first run also
+through Flower in tests/simulations/test_scripts_through_flower.py."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ import pytest
 
 from fedpers.simulations import fedgmm_ood, fedgmm_synthetic, fedgmm_unseen
 
-pytestmark = pytest.mark.flower
+pytestmark = pytest.mark.slow
 
 
-def test_synthetic_table(tmp_path: Path) -> None:
+def test_synthetic_table(tmp_path: Path, in_process: object) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
     assert set(final) == {"fedgmm", "fedem", "fedavg", "local"}
@@ -20,7 +22,7 @@ def test_synthetic_table(tmp_path: Path) -> None:
     assert (tmp_path / "table.md").read_text().count("| fed") == 3
 
 
-def test_ood_detection(tmp_path: Path) -> None:
+def test_ood_detection(tmp_path: Path, in_process: object) -> None:
     summary = fedgmm_ood.main(["--out", str(tmp_path), "--quick"])
     auroc = summary["auroc"]
     for transform in ("rot90", "invert"):
@@ -32,7 +34,7 @@ def test_ood_detection(tmp_path: Path) -> None:
     assert (tmp_path / "scores.png").stat().st_size > 1000
 
 
-def test_unseen_clients(tmp_path: Path) -> None:
+def test_unseen_clients(tmp_path: Path, in_process: object) -> None:
     summary = fedgmm_unseen.main(["--out", str(tmp_path), "--quick"])
     seen, unseen = summary["seen_accuracy"], summary["unseen_accuracy"]
     assert set(seen) == set(unseen) == {"fedgmm", "fedem", "fedavg"}

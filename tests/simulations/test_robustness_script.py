@@ -1,5 +1,7 @@
-"""simulations.robustness in --quick form, through Flower: the fuzz sweep's verdicts
-and the attack table's shape, read from what the script wrote."""
+"""simulations.robustness in --quick form: the fuzz sweep's verdicts and the attack table's
+shape, read from what the script wrote; its runs in process (``in_process``,
+tests/simulations/conftest.py), its first run also through Flower in
+tests/simulations/test_scripts_through_flower.py."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import pytest
 
 from fedpers.simulations import robustness
 
-pytestmark = pytest.mark.flower
+pytestmark = pytest.mark.slow
 
 
-def test_robustness_quick(tmp_path: Path) -> None:
+def test_robustness_quick(tmp_path: Path, in_process: object) -> None:
     summary = robustness.main(["--out", str(tmp_path), "--quick", "--parallel", "3"])
     fuzz = summary["fuzz"]
     cases = json.loads((tmp_path / "cases.json").read_text())["cases"]

@@ -1,4 +1,6 @@
-"""Sheaf-FRL's reproduction scripts in --quick form, through Flower."""
+"""Sheaf-FRL's reproduction scripts in --quick form; their runs in process (``in_process``,
+tests/simulations/conftest.py), each script's first run also through Flower in
+tests/simulations/test_scripts_through_flower.py."""
 
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ import pytest
 
 from fedpers.simulations import sheaf_bottleneck, sheaf_shift
 
-pytestmark = pytest.mark.flower
+pytestmark = pytest.mark.slow
 
 METHODS = {"sheaf-frl", "non-cooperative", "non-cooperative-pilots"}
 
 
-def test_shift_quick(tmp_path: Path) -> None:
+def test_shift_quick(tmp_path: Path, in_process: object) -> None:
     summary = sheaf_shift.main(["--out", str(tmp_path), "--quick"])
     private, communication = summary["private_accuracy"], summary["communication_accuracy"]
     assert set(private) == set(communication) == METHODS
@@ -33,7 +35,7 @@ def test_shift_quick(tmp_path: Path) -> None:
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
 
 
-def test_bottleneck_quick(tmp_path: Path) -> None:
+def test_bottleneck_quick(tmp_path: Path, in_process: object) -> None:
     summary = sheaf_bottleneck.main(["--out", str(tmp_path), "--quick"])
     communication = summary["communication_accuracy"]
     assert set(communication["sheaf-frl"]) == {"8"}

@@ -1,4 +1,6 @@
-"""simulations.tune through Flower, and a federation smaller than num-clients."""
+"""simulations.tune (its runs in process, tests/simulations/conftest.py; its first run also
+through Flower in tests/simulations/test_scripts_through_flower.py), and a federation
+smaller than num-clients, through Flower."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from fedpers.reports import read_clients, read_config, read_summary
 from fedpers.simulations import tune
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 
-pytestmark = pytest.mark.flower
 
-
-def test_tune_scores_each_value_on_validation_and_records_the_choice(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_tune_scores_each_value_on_validation_and_records_the_choice(
+    tmp_path: Path, in_process: object
+) -> None:
     base = "algorithm='fedrep' dataset='digits' num-clients=6 num-rounds=3 final-rounds=2"
     summary = tune.main(
         ["--out", str(tmp_path), "--key", "lr", "--values", "0.001,0.05", "--run-config", base]
@@ -46,7 +49,10 @@ def test_tune_scores_each_value_on_validation_and_records_the_choice(tmp_path: P
     assert (tmp_path / "tune.png").stat().st_size > 1000
 
 
-def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(tmp_path: Path) -> None:
+@pytest.mark.flower
+def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(
+    simulation: LocalSimulation, tmp_path: Path
+) -> None:
     overrides = {
         "algorithm": "fedavg",
         "dataset": "digits",
@@ -55,7 +61,7 @@ def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(tmp_path: Path) -> No
         "results-dir": str(tmp_path),
         "run-name": "short",
     }
-    with LocalSimulation() as simulation, pytest.raises(FlowerRunError) as error:
+    with pytest.raises(FlowerRunError) as error:
         simulation.run(overrides, num_supernodes=2)
     # the 5 s settle check, not the 120 s node-wait timeout ("within 120 s")
     assert "this simulation has 2 virtual nodes" in str(error.value)
