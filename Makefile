@@ -1,12 +1,25 @@
-# fedpers: `make run` (the main job) and `make test` (lint, types, all tests).
-# Both create .venv on first use and install the pinned versions of constraints.txt.
+# fedpers: `make run` (the main job), `make test` (lint, types, all tests) and
+# `make check` (the inner loop: lint, types, and the tests that start no Flower process
+# and run no script's --quick form; about 3 minutes on 2 cores).
+# All create .venv on first use and install the pinned versions of constraints.txt.
+#
+# pytest runs on $(WORKERS) xdist workers (`make test WORKERS=0`: in one process). Tests
+# that must not overlap, or that share a module's set-up, carry @pytest.mark.xdist_group
+# and --dist loadgroup keeps each group on one worker: "netns" (network namespaces and
+# the firewall: tests/deployment), "linear" (one run of simulations.fedrep_linear for
+# three tests), "script-helps" (every script's --help, run once for tests/test_docs.py).
+# Every simulation has its own FLWR_HOME and ports, and Ray its own session, so the rest
+# may run side by side.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest cluster-test deploy-test clean
+WORKERS ?= 2
+XDIST    = -n $(WORKERS) --dist loadgroup
+
+.PHONY: install run test check lint typecheck pytest cluster-test deploy-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,10 +38,12 @@ lint: $(STAMP)
 
 # mypy reads modules from where their names say they are: .typecheck/fedpers is the
 # installed layout (fedpers/ with strategies/, clients/, simulations/ inside), made of
-# links to the checkout's files, so that errors name files that can be edited.
+# links to the checkout's files, so that errors name files that can be edited. The links
+# are made afresh; mypy's cache (.typecheck/.mypy_cache) is kept, so that a second run
+# checks only what changed (`make clean` empties it).
 TYPECHECK := .typecheck
 typecheck: $(STAMP)
-	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/fedpers
+	rm -rf $(TYPECHECK)/fedpers && mkdir -p $(TYPECHECK)/fedpers
 	for f in fedpers/*; do ln -s ../../$$f $(TYPECHECK)/fedpers/; done
 	for p in strategies clients simulations; do ln -s ../../$$p $(TYPECHECK)/fedpers/$$p; done
 	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml
@@ -36,9 +51,14 @@ typecheck: $(STAMP)
 	    ../examples/server_momentum/fedpers_server_momentum.py
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test: lint typecheck pytest
+
+# Markers: flower (real Flower processes), slow (a script's --quick form in process),
+# cluster and docker (their own targets below; left out by pyproject's addopts).
+check: lint typecheck
+	$(BIN)/python -m pytest $(XDIST) -m "not flower and not slow and not cluster and not docker"
 
 # A fedpers simulation on a real two-node Ray cluster (two `ray start` on loopback),
 # against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.

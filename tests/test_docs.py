@@ -246,6 +246,8 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert defects == []
 
 
+# One worker for every page: accepted_options runs every script's --help once.
+@pytest.mark.xdist_group("script-helps")
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_quoted_script_exists_and_takes_its_flags(
     page: Path, accepted_options: dict[str, set[str] | str]

@@ -26,7 +26,10 @@ from fedpers.reports import read_rounds, read_summary
 from fedpers.simulations.launch import LocalSimulation
 from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 
-pytestmark = pytest.mark.flower
+# Network namespaces, a bridge and a firewall rule of its own, checked as found after: no
+# other namespace test beside it (one xdist worker for all), and the module's cluster
+# started once.
+pytestmark = [pytest.mark.flower, pytest.mark.xdist_group("netns")]
 
 NODES = 3
 RUN = {

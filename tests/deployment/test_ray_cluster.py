@@ -23,7 +23,8 @@ from fedpers.reports import read_rounds
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayCluster
 
-pytestmark = [pytest.mark.flower, pytest.mark.cluster]
+# Namespaces like test_deployment.py: never beside it (one xdist worker for both).
+pytestmark = [pytest.mark.flower, pytest.mark.cluster, pytest.mark.xdist_group("netns")]
 
 SETTINGS = {
     "algorithm": "fedrep",
