@@ -1,13 +1,33 @@
 """Shared fixtures, and a guard on how xdist groups the tests."""
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
+from fedpers.logs import PACKAGES
 from tests.helpers import set_task_identity
 
 
 @pytest.fixture(autouse=True)
 def _task_identity() -> None:
     set_task_identity()
+
+
+@pytest.fixture(autouse=True)
+def _package_loggers() -> Iterator[None]:
+    """Each test starts with the project's loggers as the last one found them.
+
+    A ServerApp or ClientApp run in process (``route_to_flower``) stops them
+    propagating to the root logger, where ``caplog`` listens: a later test in the same
+    worker then saw no log line (test_resume's damaged-snapshot test failed in a full
+    run, and passed alone).
+    """
+    loggers = [logging.getLogger(name) for name in PACKAGES]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate
 
 
 @pytest.hookimpl(trylast=True)
