@@ -55,10 +55,11 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# Markers: flower (real Flower processes), slow (a script's --quick form in process),
-# cluster and docker (their own targets below; left out by pyproject's addopts).
+# Markers: flower (real Flower processes; every script's --quick test sends its first run
+# through flwr run), cluster and docker (their own targets below; left out by
+# pyproject's addopts).
 check: lint typecheck
-	$(BIN)/python -m pytest $(XDIST) -m "not flower and not slow and not cluster and not docker"
+	$(BIN)/python -m pytest $(XDIST) -m "not flower and not cluster and not docker"
 
 # A fedpers simulation on a real two-node Ray cluster (two `ray start` on loopback),
 # against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.

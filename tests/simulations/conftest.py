@@ -4,13 +4,14 @@ double, which runs a script's experiments without Flower's processes or Ray.
 The double runs the same ServerApp ``main`` and the same ClientApp on the same run
 config as ``flwr run``; a run writes what the real run writes: the same rounds, byte
 counts and rejections, every float to 1e-9 (the replies are summed in another order),
-a client error's text aside (tests/simulations/test_scripts_through_flower.py checks
-it for the first run of every script, through a real ``flwr run``).
+a client error's text aside. Every script's test checks it on the script's first run,
+which goes through a real ``flwr run`` as well (``through_flower``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -113,13 +114,22 @@ class InProcessSimulation:
 class FirstRunThroughFlower(InProcessSimulation):
     """The first run through ``real`` (``flwr run`` on Ray), and again in process beside
     it, into ``<results-dir>/in-process/`` (its twin); every other run in process.
-    ``twins`` holds the (real, in-process) directories of the first run."""
+    ``twins`` holds the (real, in-process) directories of the first run. Every instance
+    made with one ``claim`` lock and ``twins`` list shares them: a script that makes
+    several simulations still sends one run through Flower."""
 
-    def __init__(self, real: LocalSimulation, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        real: LocalSimulation,
+        *,
+        claim: threading.Lock | None = None,
+        twins: list[tuple[Path, Path]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.real = real
-        self.twins: list[tuple[Path, Path]] = []
-        self._claimed = threading.Lock()  # held by the first run, for good
+        self.twins: list[tuple[Path, Path]] = [] if twins is None else twins
+        self._claimed = threading.Lock() if claim is None else claim  # held for good
 
     def run(self, overrides: Mapping[str, Any], **kwargs: Any) -> Path:
         if not self._claimed.acquire(blocking=False):
@@ -128,6 +138,38 @@ class FirstRunThroughFlower(InProcessSimulation):
         twin = {**overrides, "results-dir": str(directory.parent / "in-process")}
         self.twins.append((directory, super().run(twin, **kwargs)))
         return directory
+
+
+@contextlib.contextmanager
+def first_run_through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Path]]]:
+    """While open, a script's first run goes through ``simulation`` (a real ``flwr run``)
+    and again in process; all its other runs in process. Yields the (real, twin)
+    directories, for ``assert_through_flower``."""
+    twins: list[tuple[Path, Path]] = []
+    kind = functools.partial(FirstRunThroughFlower, simulation, claim=threading.Lock(), twins=twins)
+    with simulations_in_process(kind):
+        yield twins
+
+
+@pytest.fixture
+def through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Path]]]:
+    """``first_run_through_flower`` on the session's SuperLink, for one test."""
+    with first_run_through_flower(simulation) as twins:
+        yield twins
+
+
+def assert_through_flower(twins: list[tuple[Path, Path]], out: Path) -> None:
+    """The script wrote under ``out``, its first run went through Flower once, and that
+    run's results equal its in-process twin's (``assert_same_run``): what lets every
+    other run of the script run in process. Flower's log holds no terminal codes and no
+    NaN progress line."""
+    (real, twin), *rest = twins
+    assert rest == []
+    assert real.is_relative_to(out)
+    assert_same_run(real, twin)
+    log = (real / "flower.log").read_text()
+    assert "\x1b[" not in log
+    assert "accuracy nan" not in log
 
 
 @contextlib.contextmanager
@@ -148,13 +190,6 @@ def simulations_in_process(
             if name.startswith("fedpers.simulations") and hasattr(module, "LocalSimulation"):
                 patch.setattr(module, "LocalSimulation", make)
         patch.setattr(server_app, "SIMULATION", True)
-        yield made
-
-
-@pytest.fixture
-def in_process() -> Iterator[list[InProcessSimulation]]:
-    """Scripts run their experiments in process (``simulations_in_process``)."""
-    with simulations_in_process() as made:
         yield made
 
 

@@ -1,6 +1,7 @@
-"""FedGMM's reproduction scripts in --quick form, against the issue's bounds; their runs in
-process (``in_process``, tests/simulations/conftest.py), each script's first run also
-through Flower in tests/simulations/test_scripts_through_flower.py."""
+"""FedGMM's reproduction scripts in --quick form, against the issue's bounds. Each
+script's first run goes through a real `flwr run` and again in process, and both must
+write the same results; its other runs run in process (``through_flower``,
+tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ from pathlib import Path
 import pytest
 
 from fedpers.simulations import fedgmm_ood, fedgmm_synthetic, fedgmm_unseen
+from tests.simulations.conftest import assert_through_flower
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.flower
 
 
-def test_synthetic_table(tmp_path: Path, in_process: object) -> None:
+def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
     assert set(final) == {"fedgmm", "fedem", "fedavg", "local"}
     assert final["fedgmm"] >= final["fedem"] + 0.05
     assert final["fedgmm"] >= final["fedavg"] + 0.15
     assert (tmp_path / "table.md").read_text().count("| fed") == 3
+    assert_through_flower(through_flower, tmp_path)
 
 
-def test_ood_detection(tmp_path: Path, in_process: object) -> None:
+def test_ood_detection(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_ood.main(["--out", str(tmp_path), "--quick"])
     auroc = summary["auroc"]
     for transform in ("rot90", "invert"):
@@ -32,12 +35,14 @@ def test_ood_detection(tmp_path: Path, in_process: object) -> None:
         assert set(summary[metric]) == {"rot90", "invert", "flip"}
         assert set(summary[metric]["flip"]) == {"fedgmm", "fedgmm-px", "fedem", "fedavg"}
     assert (tmp_path / "scores.png").stat().st_size > 1000
+    assert_through_flower(through_flower, tmp_path)
 
 
-def test_unseen_clients(tmp_path: Path, in_process: object) -> None:
+def test_unseen_clients(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_unseen.main(["--out", str(tmp_path), "--quick"])
     seen, unseen = summary["seen_accuracy"], summary["unseen_accuracy"]
     assert set(seen) == set(unseen) == {"fedgmm", "fedem", "fedavg"}
     # 6 unseen clients in the quick form: a looser band than the full run's 5 points.
     assert abs(unseen["fedgmm"] - seen["fedgmm"]) <= 0.10
     assert unseen["fedgmm"] > unseen["fedavg"]
+    assert_through_flower(through_flower, tmp_path)

@@ -1,7 +1,8 @@
-"""The reproduction scripts in their --quick form: what they write, against the bounds
-the issue states (loosened only where the quick form trains less). Their runs in process
-(tests/simulations/conftest.py); each script's first run also through Flower in
-tests/simulations/test_scripts_through_flower.py."""
+"""The reproduction scripts in their --quick form: what they write, against the bounds the
+issue states (loosened only where the quick form trains less). Each script's first run
+goes through a real `flwr run` and again in process, and both must write the same
+results; its other runs run in process (``through_flower``,
+tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from scipy import stats
 
 from fedpers.reports import read_clients, read_rounds, read_summary
 from fedpers.simulations import fedrep_images, fedrep_linear
-from tests.simulations.conftest import simulations_in_process
+from fedpers.simulations.launch import LocalSimulation
+from tests.simulations.conftest import assert_through_flower, first_run_through_flower
 
 
 @pytest.fixture(scope="module")
-def linear_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def linear_summary(
+    tmp_path_factory: pytest.TempPathFactory, simulation: LocalSimulation
+) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("linear")
-    with simulations_in_process():
+    with first_run_through_flower(simulation) as twins:
         summary = fedrep_linear.main(["--out", str(out), "--quick"])
     assert (out / "figure4.png").exists()
     assert (out / "figure3_n100.png").exists()
+    assert_through_flower(twins, out)
     return summary
 
 
@@ -31,7 +36,7 @@ def linear_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 linear = pytest.mark.xdist_group("linear")
 
 
-@pytest.mark.slow
+@pytest.mark.flower
 @linear
 def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> None:
     first = linear_summary["rounds_to_0.01"]["fedrep"]["100"]
@@ -40,7 +45,7 @@ def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> 
     assert linear_summary["principal_angle_distance"]["fedrep"]["100"] < 1e-2
 
 
-@pytest.mark.slow
+@pytest.mark.flower
 @linear
 def test_fedsgd_stays_10x_farther_than_fedrep(linear_summary: dict[str, Any]) -> None:
     # At n = 100. With n = 10 one client trains per round: FedRep needs the full 200
@@ -50,7 +55,7 @@ def test_fedsgd_stays_10x_farther_than_fedrep(linear_summary: dict[str, Any]) ->
     assert distance["fedsgd"]["10"] > distance["fedrep"]["10"]
 
 
-@pytest.mark.slow
+@pytest.mark.flower
 @linear
 def test_new_clients_need_few_samples_with_the_fedrep_representation(
     linear_summary: dict[str, Any],
@@ -61,8 +66,8 @@ def test_new_clients_need_few_samples_with_the_fedrep_representation(
         assert 30 * mse["fedrep"][m_new] <= mse["fedsgd"][m_new]
 
 
-@pytest.mark.slow
-def test_image_table_quick(tmp_path: Path, in_process: object) -> None:
+@pytest.mark.flower
+def test_image_table_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     out = tmp_path / "images"
     # Four of the table's rows, two seeds (the other rows run in process against the
     # real ClientApp in tests/strategies/test_faults.py and tests/clients).
@@ -110,8 +115,7 @@ def test_image_table_quick(tmp_path: Path, in_process: object) -> None:
     assert "95% interval" in table
     for plot in ("accuracy.png", "clients.png"):
         assert (out / plot).stat().st_size > 1000
-    # What Flower logged (flower.log) is checked where a run goes through Flower:
-    # tests/simulations/test_scripts_through_flower.py.
+    assert_through_flower(through_flower, out)
 
 
 def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:

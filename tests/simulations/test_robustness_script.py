@@ -1,7 +1,7 @@
 """simulations.robustness in --quick form: the fuzz sweep's verdicts and the attack table's
-shape, read from what the script wrote; its runs in process (``in_process``,
-tests/simulations/conftest.py), its first run also through Flower in
-tests/simulations/test_scripts_through_flower.py."""
+shape, read from what the script wrote. Each script's first run goes through a real
+`flwr run` and again in process, and both must write the same results; its other runs
+run in process (``through_flower``, tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from fedpers.simulations import robustness
+from tests.simulations.conftest import assert_through_flower
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.flower
 
 
-def test_robustness_quick(tmp_path: Path, in_process: object) -> None:
+def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = robustness.main(["--out", str(tmp_path), "--quick", "--parallel", "3"])
     fuzz = summary["fuzz"]
     cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
@@ -42,3 +43,4 @@ def test_robustness_quick(tmp_path: Path, in_process: object) -> None:
     # plain mean is the clean run's, to the bit.
     assert attack["fedrep"]["inflate-examples"] == {"mean": attack["fedrep"]["clean"]}
     assert (tmp_path / "table.md").read_text().startswith("# Fuzz sweep")
+    assert_through_flower(through_flower, tmp_path)

@@ -1,6 +1,6 @@
-"""Sheaf-FRL's reproduction scripts in --quick form; their runs in process (``in_process``,
-tests/simulations/conftest.py), each script's first run also through Flower in
-tests/simulations/test_scripts_through_flower.py."""
+"""Sheaf-FRL's reproduction scripts in --quick form. Each script's first run goes through a
+real `flwr run` and again in process, and both must write the same results; its other
+runs run in process (``through_flower``, tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from fedpers.simulations import sheaf_bottleneck, sheaf_shift
+from tests.simulations.conftest import assert_through_flower
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.flower
 
 METHODS = {"sheaf-frl", "non-cooperative", "non-cooperative-pilots"}
 
 
-def test_shift_quick(tmp_path: Path, in_process: object) -> None:
+def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = sheaf_shift.main(["--out", str(tmp_path), "--quick"])
     private, communication = summary["private_accuracy"], summary["communication_accuracy"]
     assert set(private) == set(communication) == METHODS
@@ -33,9 +34,10 @@ def test_shift_quick(tmp_path: Path, in_process: object) -> None:
     assert summary["client_p10"]["sheaf-frl"]["0.9"] == pytest.approx(expected)
     assert math.isnan(summary["private_accuracy_std"]["sheaf-frl"]["0.9"])  # one seed
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
+    assert_through_flower(through_flower, tmp_path)
 
 
-def test_bottleneck_quick(tmp_path: Path, in_process: object) -> None:
+def test_bottleneck_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = sheaf_bottleneck.main(["--out", str(tmp_path), "--quick"])
     communication = summary["communication_accuracy"]
     assert set(communication["sheaf-frl"]) == {"8"}
@@ -45,3 +47,4 @@ def test_bottleneck_quick(tmp_path: Path, in_process: object) -> None:
     assert communication["sheaf-frl"]["8"] >= communication["non-cooperative"]["8"] + 0.04
     assert private["sheaf-frl"]["8"] >= private["non-cooperative"]["8"] - 0.03
     assert "| sheaf-frl |" in (tmp_path / "table.md").read_text()
+    assert_through_flower(through_flower, tmp_path)
