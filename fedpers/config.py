@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from fedpers import algorithms, families
-from fedpers.aggregation import Aggregation
+from fedpers.aggregation import Aggregation, trim_count
 from fedpers.algorithms import AlgorithmSpec
 from fedpers.data.registry import DATASETS, MODEL_INPUTS, DatasetInfo
 from fedpers.data.shift import TRANSFORMS, parse_transforms
@@ -298,10 +298,16 @@ class RobustnessSettings:
     aggregation_clip: float = setting(
         2.0, "clipped-mean: largest update norm, in multiples of the round's median norm"
     )
+    weight_cap: float = setting(
+        10.0,
+        "largest weight of one reply (training, responsibilities, evaluation), in "
+        "multiples of the lower median of the sizes the nodes registered",
+    )
 
     def check(self) -> None:
         within("aggregation-trim", self.aggregation_trim, "[0, 0.5)")
         positive("aggregation-clip", self.aggregation_clip)
+        at_least("weight-cap", self.weight_cap, 1)
 
 
 @dataclass(frozen=True)
@@ -529,6 +535,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_partition()
         self._check_shift()
         self._check_unseen()
+        self._check_trim()
         self._check_resume()
 
     def _check_model_fits_data(self) -> None:
@@ -577,6 +584,26 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
             raise ConfigError(
                 f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
                 f"{self.num_clients} clients leaves no unseen client."
+            )
+
+    @property
+    def sampled_per_round(self) -> int:
+        """Clients sampled each round, as the strategies sample them: ``fraction-train``
+        of the seen clients (those ``unseen-fraction`` does not hold out), at least 1."""
+        seen = self.num_clients - round(self.unseen_fraction * self.num_clients)
+        return max(1, round(self.fraction_train * seen))
+
+    def _check_trim(self) -> None:
+        if self.aggregation != Aggregation.TRIMMED_MEAN:
+            return
+        sampled = self.sampled_per_round
+        cut = trim_count(sampled, self.aggregation_trim)
+        if 2 * cut >= sampled:
+            raise ConfigError(
+                f"run-config keys 'aggregation' = 'trimmed-mean' and 'aggregation-trim' = "
+                f"{self.aggregation_trim} cut {cut} of the {sampled} replies a round "
+                "samples at each end, leaving none: lower aggregation-trim, or raise "
+                "fraction-train or num-clients."
             )
 
     def _check_resume(self) -> None:

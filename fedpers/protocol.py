@@ -11,6 +11,7 @@ algorithm table's (``fedpers.algorithms``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -64,6 +65,17 @@ NUM_TEST = "num-test-examples"
 PARTITION_ID = "partition-id"
 LOSS = "loss"
 ACCURACY = "accuracy"
+
+# The closed range of every metric above; a family declares its own metrics' ranges
+# (``FamilySpec.metric_ranges``). A reply with a value outside its range is rejected.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    NUM_EXAMPLES: (0.0, math.inf),
+    NUM_TRAIN: (0.0, math.inf),
+    NUM_TEST: (0.0, math.inf),
+    PARTITION_ID: (0.0, math.inf),
+    LOSS: (0.0, math.inf),
+    ACCURACY: (0.0, 1.0),
+}
 
 
 # ---- Node config keys of a SuperNode (``--node-config``) ----------------------------

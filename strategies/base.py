@@ -78,7 +78,7 @@ class FedpersStrategy(Strategy):
         self.run = run
         self.spec = run.spec
         self.shared = self.spec.shared
-        self.federation = Federation(run.num_clients)
+        self.federation = Federation(run.num_clients, weight_cap=run.weight_cap)
         self.evaluate_nodes = run.family.evaluates_clients
         first_unseen = run.num_clients - round(run.unseen_fraction * run.num_clients)
         self.seen = list(range(first_unseen))
@@ -360,21 +360,52 @@ class FedpersStrategy(Strategy):
         """Training replies fit to aggregate (``kept``), and the others with why: the
         loop's step between the exchange and ``aggregate_train``.
 
-        No reply weighs more than its node holds: ``num-examples`` is capped at the
-        training samples the node reported when it registered (``notes``). Replies of
+        No reply weighs more than ``Federation.weight_bounds`` allows: what its node
+        registered, and ``weight-cap`` times the lower median of all registered sizes.
+        A capped reply is scaled as a whole (``scaled_arrays``) and noted. Replies of
         weight zero are kept but do not count as usable (``min-replies``).
         """
         screened = screening.screen(replies, self.checks(), self.federation.partition)
-        notes = []
-        for reply in screened.kept:
-            partition = self.federation.partition(reply)
-            held = self.federation.train_sizes.get(partition)
-            if held is not None and screening.num_examples(reply) > held:
-                metrics = reply.content.metric_records[protocol.METRICS]
-                claimed = metrics[protocol.NUM_EXAMPLES]
-                notes.append((partition, f"num-examples {claimed} capped at {held}"))
-                metrics[protocol.NUM_EXAMPLES] = float(held)
+        return self.bounded(screened, test=False)
+
+    def screen_evaluate(self, server_round: int, replies: Iterable[Message]) -> screening.Screened:
+        """Evaluation replies fit to aggregate, and the others with why: every reply
+        passes ``defect`` and ``weight_defect`` before anything reads it, and weighs at
+        most ``Federation.weight_bounds`` of the test sizes."""
+        checks = [screening.defect, screening.weight_defect]
+        screened = screening.screen(replies, checks, self.federation.partition)
+        return self.bounded(screened, test=True)
+
+    def bounded(self, screened: screening.Screened, *, test: bool) -> screening.Screened:
+        """``screened`` with every kept reply's ``num-examples`` capped at its bound, the
+        arrays that scale with it (``scaled_arrays``) scaled alike, and a note of each."""
+        partitions = [self.federation.partition(reply) for reply in screened.kept]
+        bounds = self.federation.weight_bounds(partitions, test=test)
+        notes = list(screened.notes)
+        for partition, reply in zip(partitions, screened.kept, strict=True):
+            claimed = screening.num_examples(reply)
+            if not claimed > bounds[partition]:
+                continue
+            held = bounds[partition]
+            reply.content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES] = float(held)
+            self.scale_arrays(reply, held / claimed)
+            notes.append((partition, f"num-examples {claimed!r} capped at {_count(held)}"))
         return screening.Screened(screened.kept, screened.rejected, notes)
+
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """Arrays of a training reply that are sums over its samples (FedEM's
+        responsibilities, FedGMM's statistics): scaled with a capped weight."""
+        return ()
+
+    def scale_arrays(self, reply: Message, factor: float) -> None:
+        """Scale the ``scaled_arrays`` of ``reply`` by ``factor`` (in place)."""
+        arrays = reply.content.array_records.get(protocol.ARRAYS)
+        if arrays is None:
+            return
+        for name in self.scaled_arrays():
+            if name in arrays:
+                values = arrays[name].numpy()
+                arrays[name] = Array(np.ascontiguousarray(values * factor).astype(values.dtype))
 
     def configure_train_rejections(self, server_round: int) -> tuple[str, ...]:
         """Answers left out while configuring training, with why: none here; a strategy
@@ -449,6 +480,11 @@ class FedpersStrategy(Strategy):
             on_round=on_round,
             on_checkpoint=on_checkpoint,
         )
+
+
+def _count(value: float) -> str:
+    """A sample count as a note shows it: whole numbers without a fraction."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _agreeing(answers: dict[int, dict[str, np.ndarray]]) -> list[int]:

@@ -58,10 +58,14 @@ class Federation:
     ----------
     num_nodes : int
         Partitions ``0..num_nodes-1`` the run expects, one node each.
+    weight_cap : float
+        The largest weight of one reply, in multiples of the lower median of the sizes
+        the nodes registered (``weight_bound``; run-config ``weight-cap``).
     """
 
-    def __init__(self, num_nodes: int) -> None:
+    def __init__(self, num_nodes: int, *, weight_cap: float = math.inf) -> None:
         self.num_nodes = num_nodes
+        self.weight_cap = weight_cap
         self.node_of_partition: dict[int, int] = {}
         self.partition_of_node: dict[int, int] = {}
         self.train_sizes: dict[int, int] = {}
@@ -131,6 +135,24 @@ class Federation:
             sum(self.train_sizes.values()),
             sum(self.test_sizes.values()),
         )
+
+    def weight_bounds(self, partitions: Iterable[int], *, test: bool = False) -> dict[int, float]:
+        """The most a reply of each of ``partitions`` may weigh: the training (``test``:
+        test) samples its node registered, and at most ``weight_cap`` times the lower
+        median of what all nodes registered.
+
+        The node's own claim alone bounds nothing (it may claim 1e12 samples). The lower
+        median (the ``(n+1)//2``-th smallest) is set by the honest nodes while they are
+        a majority, so no minority can raise it; at least 1, so that a federation whose
+        nodes mostly hold nothing still counts the others. Without registered sizes (a
+        strategy used without ``connect``) nothing is bounded.
+        """
+        sizes = self.test_sizes if test else self.train_sizes
+        if not sizes:
+            return dict.fromkeys(partitions, math.inf)
+        typical = max(1.0, float(sorted(sizes.values())[(len(sizes) - 1) // 2]))
+        cap = self.weight_cap * typical
+        return {p: min(sizes.get(p, math.inf), cap) for p in partitions}
 
     def refresh(self, grid: Grid, *, timeout: float) -> None:
         """Learn the partition of nodes that registered since ``connect``.

@@ -69,6 +69,15 @@ class FedGMM(FedEM):
             mixture_family.STATS_SECOND: (covariances, "float64"),
         }
 
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """FedEM's, and the statistics (sums over the samples, like ``gamma_c``)."""
+        return (
+            *super().scaled_arrays(),
+            mixture_family.STATS_COUNT,
+            mixture_family.STATS_FIRST,
+            mixture_family.STATS_SECOND,
+        )
+
     def checks(self) -> list[screening.Check]:
         """FedEM's, then the statistics' invariants."""
         return [*super().checks(), self.statistics_defect]
@@ -177,11 +186,14 @@ class FedGMM(FedEM):
         return [answers[p] for p in sorted(answers)]
 
     def _held(self, reply: Message, count: float) -> str | None:
-        held = self.federation.train_sizes.get(self.federation.partition(reply))
+        """Why a start-up answer's ``count`` of samples cannot be its node's: negative,
+        or more than its weight bound (``Federation.weight_bounds``)."""
+        partition = self.federation.partition(reply)
+        held = self.federation.weight_bounds([partition])[partition]
         if not count >= 0:
             return "a negative count"
-        if held is not None and count > held * (1 + 1e-9):
-            return f"counts of {count:g} samples, more than the {held} it holds"
+        if count > held * (1 + 1e-9):
+            return f"counts of {count:g} samples, more than the {held:g} it may hold"
         return None
 
     def _pca_defect(self, reply: Message) -> str | None:

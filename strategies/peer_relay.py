@@ -296,11 +296,12 @@ class PeerRelay(FedpersStrategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values."""
-        replies = list(replies)
+        """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values
+        of the replies that pass ``screen_evaluate`` (the loop passes only those)."""
+        replies = list(self.screen_evaluate(server_round, replies).kept)
         for reply in replies:
-            if not reply.has_error():
-                accuracy = reply.content.metric_records[protocol.METRICS][protocol.ACCURACY]
+            accuracy = reply.content.metric_records[protocol.METRICS].get(protocol.ACCURACY)
+            if accuracy is not None:
                 self.private_accuracy[self.federation.partition(reply)] = records.number(accuracy)
         return super().aggregate_evaluate(server_round, replies)
 

@@ -124,6 +124,10 @@ class FamilySpec:
     wire : tuple of str
         Every name it puts on the wire (records, arrays, config and metric keys), for
         the wire-contract test.
+    metric_ranges : tuple of (str, float, float)
+        ``(pattern, low, high)``: the closed range of the metrics its clients send whose
+        key matches ``pattern`` (a regular expression, matched in full); the server
+        rejects a reply with a value outside it (``strategies.screening``).
     """
 
     name: str
@@ -137,6 +141,7 @@ class FamilySpec:
     input_shape: Callable[[RunConfig], tuple[int, ...] | None] | None = None
     sample_counts: Callable[[RunConfig], tuple[int, int]] | None = None
     wire: tuple[str, ...] = field(default=())
+    metric_ranges: tuple[tuple[str, float, float], ...] = ()
 
 
 _FAMILIES: dict[str, FamilySpec] = {}
