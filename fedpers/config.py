@@ -44,6 +44,7 @@ from fedpers.data.registry import DATASETS, MODEL_INPUTS, DatasetInfo
 from fedpers.data.shift import TRANSFORMS, parse_transforms
 from fedpers.families import FamilySpec
 from fedpers.faults import FAULT_KINDS, parse_faults
+from fedpers.results import run_name_defect
 from fedpers.settings import (
     CHOICES,
     DESCRIPTION,
@@ -329,6 +330,10 @@ class OutputSettings:
         "also write each round's metrics as TensorBoard event files in "
         "`<run directory>/tensorboard` (the `tensorboard` extra)",
     )
+
+    def check(self) -> None:
+        if self.run_name and (defect := run_name_defect(self.run_name)) is not None:
+            raise ConfigError(defect + ".")
 
 
 # The groups in the order of the docs and of pyproject.toml.
