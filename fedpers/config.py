@@ -127,6 +127,11 @@ class ExperimentSettings:
     seed: int = setting(0, "every random choice (data, partition, model, sampling, batches)")
 
     def check(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(
+                f"run-config key 'seed' = {self.seed} must be 0 or more (every random "
+                "stream is keyed by non-negative integers); choose a seed >= 0."
+            )
         if self.algorithm not in algorithms.names():
             raise ConfigError(
                 f"run-config key 'algorithm' = '{self.algorithm}' is not allowed; choose one "
@@ -514,6 +519,21 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         return shape
 
     @property
+    def seen_clients(self) -> int:
+        """The clients that train: ``num-clients`` less the unseen ones (the highest ids,
+        ``round(unseen-fraction * num-clients)`` of them)."""
+        return self.num_clients - round(self.unseen_fraction * self.num_clients)
+
+    @property
+    def clients_per_round(self) -> int:
+        """The clients a round trains: the family's count where it sets one
+        (``FamilySpec.clients_per_round``), else ``max(1, round(fraction-train * seen))``,
+        the sampling of ``strategies/base.py``."""
+        if self.family.clients_per_round is not None:
+            return self.family.clients_per_round(self)
+        return max(1, round(self.fraction_train * self.seen_clients))
+
+    @property
     def per_client_split(self) -> bool:
         """True when each client splits its own data 60/20/20 (FedEM's protocol)."""
         return self.test_split == TestSplit.PER_CLIENT or self.dataset_info.per_client_split
@@ -534,6 +554,9 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_partition()
         self._check_shift()
         self._check_unseen()
+        self._check_sampling()
+        self._check_capacity()
+        self._check_faults()
         self._check_resume()
 
     def _check_model_fits_data(self) -> None:
@@ -583,6 +606,68 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                 f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
                 f"{self.num_clients} clients leaves no unseen client."
             )
+        if self.seen_clients < 1:
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' = {self.unseen_fraction} holds out all "
+                f"{self.num_clients} clients of 'num-clients' = {self.num_clients}, leaving "
+                "no seen client to train; lower 'unseen-fraction' or raise 'num-clients'."
+            )
+
+    def _check_sampling(self) -> None:
+        """A round must be able to reach ``min-replies``: it trains ``clients_per_round``."""
+        trained = self.clients_per_round
+        if self.min_replies <= trained:
+            return
+        if self.family.clients_per_round is not None:
+            how = f"the '{self.family.name}' family's rounds of 'num-clients' = {self.num_clients}"
+        else:
+            how = (
+                f"'fraction-train' = {self.fraction_train} of the {self.seen_clients} seen "
+                f"clients of 'num-clients' = {self.num_clients}"
+            )
+        raise ConfigError(
+            f"run-config key 'min-replies' = {self.min_replies} exceeds the {trained} "
+            f"clients a round trains ({how}), so every round would fail; lower "
+            f"'min-replies' to at most {trained}, or raise 'fraction-train' or 'num-clients'."
+        )
+
+    def _check_capacity(self) -> None:
+        """Every client needs a sample: the partitioners (flwr-datasets') refuse more
+        partitions than the samples they split. Checked here against the sizes a data
+        set declares (``DatasetInfo.train_samples``, ``test_samples``), before Ray
+        starts; a data set that grows with the run (MNIST-1D, the mixtures, the linear
+        tasks), a client that generates its own, or a registered data set that declares
+        no size has no such bound here. Finer shortfalls that only the labels reveal (a
+        class with fewer samples than the clients holding it) are the partitioner's to
+        report, where the data is split."""
+        info = self.dataset_info
+        if (
+            not info.partitioned
+            or self.partitioner == Partitioner.GENERATED
+            or info.train_samples is None
+        ):
+            return
+        pooled = self.per_client_split or self.joint_shift or self.family.pools_splits
+        pool = info.train_samples + ((info.test_samples or 0) if pooled else 0)
+        split = "train and test splits pooled" if pooled else "training split"
+        if self.num_clients > pool:
+            raise ConfigError(
+                f"run-config key 'num-clients' = {self.num_clients} asks for more clients "
+                f"than dataset='{self.dataset}' has samples to split ({pool} samples, its "
+                f"{split}); every client needs at least one: lower 'num-clients' to at "
+                f"most {pool}, or choose a larger data set."
+            )
+
+    def _check_faults(self) -> None:
+        """Every partition a fault names exists (ranges are compared, not expanded)."""
+        for fault in parse_faults(self.fault_injection):
+            if fault.highest >= self.num_clients:
+                raise ConfigError(
+                    f"run-config key 'fault-injection': entry '{fault.entry}' names "
+                    f"partition {fault.highest}, but 'num-clients' = {self.num_clients} "
+                    f"has partitions 0..{self.num_clients - 1}; name partitions below "
+                    f"{self.num_clients}, or raise 'num-clients'."
+                )
 
     def _check_resume(self) -> None:
         if self.resume and self.spec.keeps_state and not self.client_state_dir:

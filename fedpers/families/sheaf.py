@@ -264,6 +264,11 @@ def check_agents(run: RunConfig) -> None:
         )
 
 
+def every_agent(run: RunConfig) -> int:
+    """The agents a round trains: all of them (``strategies/peer_relay.py``)."""
+    return run.num_clients
+
+
 def summary(done: RunSummary) -> dict[str, object]:
     """Private accuracy (mean over agents, last rounds), communication accuracy per
     whitening, per agent and per directed edge, and bytes per round."""
@@ -290,6 +295,8 @@ FAMILY = families.register(
         summary=summary,
         groups=(SheafSettings,),
         checks=(check_agents,),
+        clients_per_round=every_agent,
+        pools_splits=True,
         queries=(
             QuerySpec(
                 SheafQuery.PILOTS,
