@@ -329,7 +329,11 @@ class OutputSettings:
     """Where a run writes."""
 
     results_dir: str = setting("results", "directory of the run directories")
-    run_name: str = setting("", "the run's directory (empty: `<algorithm>-<dataset>-<time>`)")
+    run_name: str = setting(
+        "",
+        "the run's directory, one path segment: 1 to 128 of A-Za-z0-9 . _ + -, a letter or "
+        "digit first (empty: `<algorithm>-<dataset>-<time>`)",
+    )
     tensorboard: bool = setting(
         False,
         "also write each round's metrics as TensorBoard event files in "
@@ -425,7 +429,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         """
         every = schema()
         settings = {s.attribute: s for s in every.values()}
-        given = {key.replace("-", "_"): value for key, value in values.items()}
+        given = _by_attribute(values)
         unknown = sorted(set(given) - set(settings))
         if unknown:
             keys = ", ".join(k.replace("_", "-") for k in unknown)
@@ -751,6 +755,11 @@ class Key:
             return float(value)
         if kind is int and isinstance(value, float) and value.is_integer():
             return int(value)
+        if isinstance(value, str) and "\x00" in value:
+            raise ConfigError(
+                f"run-config key '{self.key}' = {value!r} holds a NUL character, which no "
+                "path or name can hold; remove it."
+            )
         if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
             return value
         raise ConfigError(
@@ -812,9 +821,52 @@ def schema_defaults() -> dict[str, Any]:
 
 def default_run_config(pyproject: Path) -> dict[str, Any]:
     """The defaults of ``[tool.flwr.app.config]`` of an app's ``pyproject``, as Flower
-    reads them; a test keeps fedpers' own equal to ``schema_defaults()``."""
+    reads them; a test keeps fedpers' own equal to ``schema_defaults()``.
+
+    Raises
+    ------
+    ConfigError
+        If the file has no such table, or a table on the way is not one.
+    """
     with pyproject.open("rb") as handle:
-        return dict(tomllib.load(handle)["tool"]["flwr"]["app"]["config"])
+        document = tomllib.load(handle)
+    if "tool" not in document:
+        raise ConfigError(f"{pyproject} has no [tool.flwr.app.config] table.")
+    return dict(run_config_table(document, str(pyproject)))
+
+
+CONFIG_TABLE = ("tool", "flwr", "app", "config")
+
+
+def run_config_table(document: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """The run-config keys of a parsed TOML file: its ``[tool.flwr.app.config]`` table
+    where it has ``tool``, else its top-level keys (a ``conf/*.toml`` file).
+
+    Raises
+    ------
+    ConfigError
+        If the file has ``tool`` and ``tool``, ``tool.flwr``, ``tool.flwr.app`` or
+        ``tool.flwr.app.config`` is missing or not a table, naming it and the file.
+    """
+    if "tool" not in document:
+        return document
+    table: Any = document
+    for depth, name in enumerate(CONFIG_TABLE):
+        if name not in table:
+            raise ConfigError(
+                f"{source}: '{'.'.join(CONFIG_TABLE[:depth])}' has no '{name}'; put the "
+                "run-config keys in a [tool.flwr.app.config] table, or at the top level "
+                "of the file without a 'tool' key."
+            )
+        table = table[name]
+        if not isinstance(table, dict):
+            dotted = ".".join(CONFIG_TABLE[: depth + 1])
+            raise ConfigError(
+                f"{source}: '{dotted}' is {_toml_kind(table)}, not a table; put the "
+                "run-config keys in a [tool.flwr.app.config] table, or at the top level "
+                "of the file without a 'tool' key."
+            )
+    return table
 
 
 def load_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -884,6 +936,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
+
+
+def _by_attribute(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` by attribute name (``num-clients`` and ``num_clients`` -> ``num_clients``).
+
+    Raises
+    ------
+    ConfigError
+        If two keys name one attribute: which value is meant cannot be told.
+    """
+    given: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in values.items():
+        attribute = key.replace("-", "_")
+        if attribute in spelled:
+            raise ConfigError(
+                f"run-config keys '{spelled[attribute]}' and '{key}' name the same setting; "
+                f"give it once (as '{attribute.replace('_', '-')}')."
+            )
+        spelled[attribute] = key
+        given[attribute] = value
+    return given
+
+
+def _toml_kind(value: Any) -> str:
+    """What a TOML value is, with its article: ``a str``, ``an int``, ``an array``."""
+    names = {str: "a str", bool: "a bool", int: "an int", float: "a float", list: "an array"}
+    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def _group_summaries() -> dict[str, str]:

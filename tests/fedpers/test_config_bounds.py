@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fedpers.config import ConfigError, RunConfig, load_run_config, schema_defaults
 from fedpers.faults import parse_faults
+from fedpers.simulations import check
 
 
 def _refused(overrides: dict[str, Any]) -> str:
@@ -169,3 +170,49 @@ def test_a_fault_range_is_refused_or_within_the_run(text: str, num_clients: int)
     for fault in parse_faults(config.fault_injection):
         for part in fault.partitions:
             assert 0 <= part.start <= part.stop - 1 <= num_clients - 1
+
+
+# ------------------------------------------------------------------- TOML shape
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('tool = "flwr"\n', "'tool' is a str, not a table"),
+        ("[tool]\nflwr = 3\n", "'tool.flwr' is an int, not a table"),
+        ("[tool.flwr]\napp = [1, 2]\n", "'tool.flwr.app' is an array, not a table"),
+        ('[tool.flwr.app]\nconfig = "x"\n', "'tool.flwr.app.config' is a str, not a table"),
+    ],
+)
+def test_a_toml_file_of_the_wrong_shape_is_refused_naming_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, fragment: str
+) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+
+    status = check.main(["--run-config", str(path)])
+
+    assert status == 1
+    error = capsys.readouterr().err
+    assert fragment in error
+    assert str(path) in error
+    assert "[tool.flwr.app.config]" in error  # the fix: where the keys go
+
+
+# ------------------------------------------------------------ both key spellings
+def test_a_key_given_in_both_spellings_is_refused_naming_both() -> None:
+    values = {**schema_defaults(), "num_clients": 5}
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_mapping(values)
+    assert "'num-clients'" in str(error.value)
+    assert "'num_clients'" in str(error.value)
+    assert "once" in str(error.value)
+    # one spelling, either one, is fine
+    del values["num-clients"]
+    assert RunConfig.from_mapping(values).num_clients == 5
+
+
+# ------------------------------------------------------------------- NUL in a key
+@pytest.mark.parametrize("key", ["data-root", "results-dir", "client-state-dir"])
+def test_a_nul_character_in_a_string_key_is_refused(key: str) -> None:
+    message = _refused({key: "/data\x00/x"})
+    assert f"'{key}'" in message
+    assert "NUL" in message
