@@ -26,7 +26,7 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
             config = resolved_config(overrides)
         except ConfigError as error:
             raise SystemExit(f"error: {error}") from error
-        _check_results_dir(config.results_dir, config.run_name)
+        _check_directories(config.results_dir, config.run_name, config.data_root)
         if config.tensorboard:
             try:
                 import tensorboard  # noqa: F401
@@ -44,15 +44,20 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
                 raise SystemExit(f"error: {error}") from error
 
 
-def _check_results_dir(results_dir: str, run_name: str) -> None:
-    """Refuse a results-dir (or run directory) that exists and is not a directory: the
-    ServerApp would fail to create it only after Flower and Ray started."""
-    for path in (Path(results_dir), Path(results_dir) / run_name):
+def _check_directories(results_dir: str, run_name: str, data_root: str) -> None:
+    """Refuse a results-dir (or run directory) or data-root that exists and is not a
+    directory: the ServerApp, or every client (data-root also caches generated data),
+    would fail to use it only after Flower and Ray started."""
+    paths = [("results-dir", results_dir, Path(results_dir))]
+    paths.append(("results-dir", results_dir, Path(results_dir) / run_name))
+    if data_root:
+        paths.append(("data-root", data_root, Path(data_root)))
+    for key, value, path in paths:
         if path.exists() and not path.is_dir():
             raise SystemExit(
-                f"error: run-config key 'results-dir' = '{results_dir}': {path} exists and "
-                "is not a directory; choose another results-dir (or run-name), or move "
-                "that file away"
+                f"error: run-config key '{key}' = '{value}': {path} exists and is not a "
+                f"directory; choose another {key}{' (or run-name)' * (path.name == run_name)}"
+                ", or move that file away"
             )
 
 

@@ -1,5 +1,6 @@
 """A script's --out: --overwrite never deletes a run directory that a run is writing,
-and a results-dir that cannot be a directory stops the script before anything starts."""
+and a results-dir or data-root that cannot be a directory stops the script before
+anything starts."""
 
 from __future__ import annotations
 
@@ -42,4 +43,16 @@ def test_a_results_dir_that_is_a_file_is_refused_before_any_run(tmp_path: Path) 
     message = str(error.value.code)
     assert "'results-dir'" in message
     assert str(results) in message
+    assert "not a directory" in message
+
+
+def test_a_data_root_that_is_a_file_is_refused_before_any_run(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.write_text("not a directory")
+
+    with pytest.raises(SystemExit) as error:  # digits: data-root holds its cache
+        validate_runs([{"dataset": "digits", "data-root": str(root), "run-name": "r"}])
+
+    message = str(error.value.code)
+    assert "'data-root'" in message
     assert "not a directory" in message
