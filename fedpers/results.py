@@ -16,6 +16,12 @@ Every run writes ``<results-dir>/<run-name>/``:
 - ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
 - ``.lock``: held (``flock``) by the ServerApp writing the directory, so two runs of
   one name cannot interleave their rounds.
+
+Every write into a run directory happens under its lock: a process that cannot take
+it writes nothing there (``failure.json`` included), a finished run (``summary.json``)
+is never given a ``failure.json``, and a write that fails (a full disk, a file system
+gone read-only) leaves no temporary file and lets the lock go. A run name is one path
+segment (``RUN_NAME``), so a run directory is a direct child of ``results-dir``.
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpers.atomic import write_text
+from fedpers.atomic import append_text, write_text
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -44,6 +52,11 @@ SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.json"
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+RUN_NAME_RULE = (
+    "one path segment of 1 to 128 characters from A-Za-z0-9 . _ + -, "
+    "beginning with a letter or a digit"
+)
 
 
 @dataclass
@@ -84,9 +97,30 @@ class ResultsExistError(FileExistsError):
     """The run directory already holds results that a new run would overwrite."""
 
 
+def run_name_defect(run_name: str) -> str | None:
+    """Why ``run_name`` cannot name a run directory (``RUN_NAME``), or None if it can."""
+    if RUN_NAME.fullmatch(run_name):
+        return None
+    return (
+        f"run-config key 'run-name' = {run_name!r} must be {RUN_NAME_RULE} (so that the run "
+        "directory is a direct child of results-dir); choose such a name, or leave it "
+        "empty for <algorithm>-<dataset>-<time>"
+    )
+
+
 def run_directory(results_dir: str, run_name: str) -> Path:
-    """The absolute directory of a run (relative ``results_dir``: from the cwd)."""
-    return (Path(results_dir).expanduser() / run_name).resolve()
+    """The absolute directory of a run, a direct child of ``results_dir`` (relative: from
+    the cwd).
+
+    Raises
+    ------
+    ValueError
+        If ``run_name`` is not one safe path segment (``RUN_NAME``); the configuration
+        check refuses such a name first, this keeps any other caller inside too.
+    """
+    if (defect := run_name_defect(run_name)) is not None:
+        raise ValueError(defect)
+    return Path(results_dir).expanduser().resolve() / run_name
 
 
 class RunRecorder:
@@ -125,13 +159,17 @@ class RunRecorder:
         self.records: list[RoundRecord] = []
         self.started = time.monotonic()
         self._lock = -1
-        if resume_after is not None:
-            self._lock = _claim(directory)
-            self._reopen(config, resume_after)
-        else:
-            self._start(config)
-        if tensorboard:  # after the directory is this run's
-            self._board = open_tensorboard(directory / TENSORBOARD_DIR)
+        try:
+            if resume_after is not None:
+                self._lock = _claim(directory)
+                self._reopen(config, resume_after)
+            else:
+                self._start(config)
+            if tensorboard:  # after the directory is this run's
+                self._board = open_tensorboard(directory / TENSORBOARD_DIR)
+        except BaseException:
+            self.release()  # a run that cannot start must not keep others out
+            raise
 
     def _start(self, config: Mapping[str, Any]) -> None:
         directory = self.directory
@@ -180,12 +218,23 @@ class RunRecorder:
         self.token = json.loads(run.read_text())["token"] if run.exists() else ""
 
     def fail(self, reason: str) -> None:
-        """Record why the run stopped early (``failure.json``); rounds so far stay."""
-        _write_json_atomic(
-            self.directory / FAILURE_FILE,
-            {"reason": strip_ansi(reason), "rounds_completed": len(self.records)},
-        )
-        self.release()
+        """Record why the run stopped early (``failure.json``); rounds so far stay.
+
+        Writes only while this recorder holds the lock and the run has no summary (a
+        ``fail`` after ``finish`` or a second ``fail`` only logs); a ``failure.json``
+        that cannot be written is logged. The lock is released in every case.
+        """
+        try:
+            if self._lock < 0:  # the caller raises the error itself: no need to shout
+                logger.debug(
+                    "%s: not recording the failure (%s): this run no longer holds the directory",
+                    self.directory,
+                    reason,
+                )
+                return
+            _record_failure(self.directory, reason, len(self.records))
+        finally:
+            self.release()
 
     def release(self) -> None:
         """Let another run write this directory (after ``finish`` or ``fail``)."""
@@ -198,14 +247,21 @@ class RunRecorder:
             self._lock = -1
 
     def record(self, record: RoundRecord) -> None:
-        """Append a round to ``rounds.jsonl`` and log its progress line."""
-        self.records.append(record)
+        """Append a round to ``rounds.jsonl`` and log its progress line.
+
+        Raises
+        ------
+        RuntimeError
+            If this recorder no longer holds the directory (after ``finish`` or ``fail``).
+        OSError
+            If a line cannot be written; the files keep their earlier rounds, whole.
+        """
+        self._check_held("record a round")
         if record.clients:
-            with (self.directory / CLIENTS_FILE).open("a") as handle:
-                handle.write(_json_line({"round": record.round, "clients": record.clients}))
-        with (self.directory / ROUNDS_FILE).open("a") as handle:
-            handle.write(_json_line(record.without_clients()))
-            handle.flush()
+            line = _json_line({"round": record.round, "clients": record.clients})
+            append_text(self.directory / CLIENTS_FILE, line)
+        append_text(self.directory / ROUNDS_FILE, _json_line(record.without_clients()))
+        self.records.append(record)
         if self._board is not None:
             for section in ("train", "evaluate", "server"):
                 for key, value in getattr(record, section).items():
@@ -243,23 +299,36 @@ class RunRecorder:
         )
 
     def finish(self, summary: Mapping[str, Any], plots: Iterable[str] = ()) -> dict[str, Any]:
-        """Write ``summary.json`` and one PNG per metric in ``plots``."""
+        """Write ``summary.json`` and one PNG per metric in ``plots``, then release the
+        directory. If a write fails, the failure is recorded (``fail``) and raised."""
+        self._check_held("finish")
         final = {
             **summary,
             "rounds": len(self.records),
             "wall_seconds": time.monotonic() - self.started,
         }
-        _write_json_atomic(self.directory / SUMMARY_FILE, final)
-        self.release()
-        from fedpers.reports import plot_rounds  # where used, as in _reopen
+        try:
+            _write_json_atomic(self.directory / SUMMARY_FILE, final)
+            from fedpers.reports import plot_rounds  # where used, as in _reopen
 
-        for metric in plots:
-            plot_rounds(
-                [(self.name, self.records)],
-                metric,
-                self.directory / f"{metric.replace('.', '_')}.png",
-            )
+            for metric in plots:
+                plot_rounds(
+                    [(self.name, self.records)],
+                    metric,
+                    self.directory / f"{metric.replace('.', '_')}.png",
+                )
+        except BaseException as error:
+            self.fail(f"{type(error).__name__}: {error}")
+            raise
+        self.release()
         return final
+
+    def _check_held(self, action: str) -> None:
+        if self._lock < 0:
+            raise RuntimeError(
+                f"cannot {action} in {self.directory}: this recorder released the "
+                "directory (after finish or fail); start a new RunRecorder"
+            )
 
 
 TENSORBOARD_DIR = "tensorboard"
@@ -284,11 +353,44 @@ def open_tensorboard(logdir: Path) -> Any:
     return SummaryWriter(log_dir=str(logdir))
 
 
-def write_failure(directory: Path, reason: str) -> None:
-    """Write ``failure.json`` for a run that stopped before it had a recorder."""
-    _write_json_atomic(
-        directory / FAILURE_FILE, {"reason": strip_ansi(reason), "rounds_completed": 0}
-    )
+def write_failure(directory: Path, reason: str) -> bool:
+    """Write ``failure.json`` for a run that stopped before it had a recorder, under the
+    directory's lock.
+
+    Nothing is written into a directory that another run holds, nor into a finished
+    run (``summary.json``); a write that fails is logged. Never raises: the caller is
+    already handling the error that stopped the run.
+
+    Returns
+    -------
+    bool
+        Whether ``failure.json`` was written.
+    """
+    try:
+        lock = _claim(directory)
+    except (ResultsExistError, OSError) as error:
+        logger.warning("%s: not recording the failure (%s): %s", directory, reason, error)
+        return False
+    try:
+        return _record_failure(directory, reason, 0)
+    finally:
+        os.close(lock)
+
+
+def _record_failure(directory: Path, reason: str, rounds_completed: int) -> bool:
+    """``failure.json``, by the holder of the lock; not over a finished run."""
+    if (directory / SUMMARY_FILE).exists():
+        logger.warning("%s holds a finished run: not recording the failure (%s)", directory, reason)
+        return False
+    try:
+        _write_json_atomic(
+            directory / FAILURE_FILE,
+            {"reason": strip_ansi(reason), "rounds_completed": rounds_completed},
+        )
+    except OSError as error:
+        logger.error("%s: cannot write %s (%s): %s", directory, FAILURE_FILE, error, reason)
+        return False
+    return True
 
 
 def metric_value(record: RoundRecord, metric: str) -> float:
@@ -325,6 +427,33 @@ def _claim(directory: Path) -> int:
             f"another run is writing {directory} right now; choose another run-name"
         ) from None
     return handle
+
+
+@contextmanager
+def holding_every_run(root: Path) -> Iterator[None]:
+    """Hold the lock of every run directory under ``root`` for the block (to delete the
+    tree while no run can write in it).
+
+    Raises
+    ------
+    ResultsExistError
+        If a run is writing one of them now, naming its directory; no lock is kept.
+    """
+    held: list[int] = []
+    try:
+        for lock in sorted(root.rglob(LOCK_FILE)):
+            handle = os.open(lock, os.O_RDWR)
+            held.append(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ResultsExistError(
+                    f"a run is writing {lock.parent} right now (it holds {lock})"
+                ) from None
+        yield
+    finally:
+        for handle in held:
+            os.close(handle)
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -80,9 +80,8 @@ class FedpersStrategy(Strategy):
         self.shared = self.spec.shared
         self.federation = Federation(run.num_clients, weight_cap=run.weight_cap)
         self.evaluate_nodes = run.family.evaluates_clients
-        first_unseen = run.num_clients - round(run.unseen_fraction * run.num_clients)
-        self.seen = list(range(first_unseen))
-        self.unseen = list(range(first_unseen, run.num_clients))
+        self.seen = list(range(run.seen_clients))
+        self.unseen = list(range(run.seen_clients, run.num_clients))
         self._startup_rejections: list[str] = []
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
@@ -165,7 +164,7 @@ class FedpersStrategy(Strategy):
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
         """Partition ids trained in ``server_round`` (seeded, sorted; seen clients only)."""
-        count = max(1, round(self.run.fraction_train * len(self.seen)))
+        count = self.run.clients_per_round
         chosen = rng(self.run.seed, "sample", server_round).choice(self.seen, count, replace=False)
         return sorted(int(p) for p in chosen)
 

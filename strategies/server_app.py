@@ -79,12 +79,12 @@ def main(grid: Grid, context: Context) -> None:
         result, final = _run(
             grid, config, strategy, recorder, (checkpoint_round, checkpoint_arrays), started
         )
+        _save_arrays(directory / "final_arrays.npz", result.arrays)
+        summary = _summary(config, strategy, recorder, final, started)
+        written = recorder.finish(summary, plots=[config.family.progress_metric])
     except Exception as error:
-        recorder.fail(f"{type(error).__name__}: {error}")
+        recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise
-    _save_arrays(directory / "final_arrays.npz", result.arrays)
-    summary = _summary(config, strategy, recorder, final, started)
-    written = recorder.finish(summary, plots=[config.family.progress_metric])
     logger.info("summary: %s", written)
 
 

@@ -270,6 +270,11 @@ def check_agents(run: RunConfig) -> None:
         )
 
 
+def every_agent(run: RunConfig) -> int:
+    """The agents a round trains: all of them (``strategies/peer_relay.py``)."""
+    return run.num_clients
+
+
 def summary(done: RunSummary) -> dict[str, object]:
     """Private accuracy (mean over agents, last rounds), communication accuracy per
     whitening, per agent and per directed edge, and bytes per round."""
@@ -301,6 +306,8 @@ FAMILY = families.register(
             (PENALTY, 0.0, math.inf),
             (TEST_EXAMPLES, 0.0, math.inf),
         ),
+        clients_per_round=every_agent,
+        pools_splits=True,
         queries=(
             QuerySpec(
                 SheafQuery.PILOTS,

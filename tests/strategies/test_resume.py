@@ -74,6 +74,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
 def test_a_damaged_checkpoint_is_named_with_its_fix_and_recorded(tmp_path: Path) -> None:
     state = str(tmp_path / "s")
     _serve(tmp_path, num_rounds=3, client_state_dir=state)
+    (tmp_path / "run" / "summary.json").unlink()  # interrupted: a finished run gets no failure
     path = tmp_path / "run" / CHECKPOINT_FILE
     path.write_bytes(path.read_bytes()[:100])  # cut short, as a crash would leave it
     with pytest.raises(CheckpointError, match=r"checkpoint\.npz cannot be read"):
