@@ -5,6 +5,7 @@ in-process grid of real ClientApps (no Ray)."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -183,8 +184,11 @@ def _head(context: Context) -> np.ndarray:
 
 
 def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a run in this process routed fedpers' loggers to Flower's (route_to_flower): let
+    # them reach caplog again
+    monkeypatch.setattr(logging.getLogger("fedpers"), "propagate", True)
     run, node = _node(tmp_path)
     _store(run, node, 1.0, 1, "t")
     _store(run, node, 2.0, 2, "t")
