@@ -29,6 +29,7 @@ class Query(StrEnum):
 
     INFO = "info"  # partition id and sizes of a node
     INITIAL = "initial"  # the seeded initial shared arrays
+    SNAPSHOT = "snapshot"  # a resumed run's node restores its state: from which round
 
 
 def query_type(query: str) -> str:
@@ -40,6 +41,7 @@ def query_type(query: str) -> str:
 # ---- Message types beyond Flower's plain TRAIN / EVALUATE -------------------------
 QUERY_INFO = query_type(Query.INFO)
 QUERY_INITIAL = query_type(Query.INITIAL)
+QUERY_SNAPSHOT = query_type(Query.SNAPSHOT)
 
 # ---- Record names inside a message's RecordDict ----------------------------------
 ARRAYS = "arrays"
@@ -65,6 +67,7 @@ NUM_TEST = "num-test-examples"
 PARTITION_ID = "partition-id"
 LOSS = "loss"
 ACCURACY = "accuracy"
+SNAPSHOT_ROUND = "snapshot-round"  # the round of the snapshot restored (0: none)
 
 # The closed range of every metric above; a family declares its own metrics' ranges
 # (``FamilySpec.metric_ranges``). A reply with a value outside its range is rejected.

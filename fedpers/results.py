@@ -13,7 +13,8 @@ Every run writes ``<results-dir>/<run-name>/``:
 - PNG plots of the per-round metrics;
 - ``tensorboard/``: the same per-round metrics as TensorBoard event files (only with
   run-config ``tensorboard = true``);
-- ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
+- ``run.json``: the run's token (a fresh run's identity, kept by a resumed run, which
+  is refused without it: its checkpoint and its clients' snapshots carry the token);
 - ``.lock``: held (``flock``) by the ServerApp writing the directory, so two runs of
   one name cannot interleave their rounds.
 
@@ -27,6 +28,7 @@ segment (``RUN_NAME``), so a run directory is a direct child of ``results-dir``.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.atomic import append_text, write_text
+from fedpers.checkpoint import ResumeError
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -69,7 +72,9 @@ class RoundRecord:
     dtype); ``evaluated`` counts the nodes whose evaluation was aggregated;
     ``train_seconds`` and ``evaluate_seconds`` split the round's wall time;
     ``clients`` holds each evaluated client's metrics by partition (written to
-    ``clients.jsonl``, not to ``rounds.jsonl``).
+    ``clients.jsonl``, not to ``rounds.jsonl``); ``trained`` lists the partitions whose
+    training reply came back without error, so whose device snapshot of the round was
+    written (the checkpoint keeps it, ``rounds.jsonl`` does not).
     """
 
     round: int
@@ -85,11 +90,13 @@ class RoundRecord:
     train_seconds: float = 0.0
     evaluate_seconds: float = 0.0
     clients: dict[str, dict[str, float]] = field(default_factory=dict)
+    trained: list[int] = field(default_factory=list)
 
     def without_clients(self) -> dict[str, Any]:
-        """The record as written to ``rounds.jsonl``."""
+        """The record as written to ``rounds.jsonl`` (without ``clients`` and
+        ``trained``)."""
         row = asdict(self)
-        del row["clients"]
+        del row["clients"], row["trained"]
         return row
 
 
@@ -162,7 +169,11 @@ class RunRecorder:
         try:
             if resume_after is not None:
                 self._lock = _claim(directory)
-                self._reopen(config, resume_after)
+                try:
+                    self._reopen(config, resume_after)
+                except ResumeError as error:
+                    self.fail(f"{type(error).__name__}: {error}")
+                    raise
             else:
                 self._start(config)
             if tensorboard:  # after the directory is this run's
@@ -190,11 +201,25 @@ class RunRecorder:
             )
 
     def _reopen(self, config: Mapping[str, Any], resume_after: int) -> None:
-        """Continue a run: same configuration, rounds kept up to its checkpoint."""
+        """Continue a run: same configuration, its token, its rounds up to its checkpoint
+        (and the one round after it that a crash or a failed round left, dropped).
+
+        Raises
+        ------
+        ResumeError
+            If ``config.json`` or ``run.json`` is missing, the configuration differs, or
+            ``rounds.jsonl`` or ``clients.jsonl`` does not lead to the checkpoint; then
+            nothing is rewritten.
+        """
         # Imported where used: fedpers.reports builds this module's RoundRecord, so an
         # import at the top would be circular.
         from fedpers.reports import read_clients, read_config, read_rounds
 
+        if not (self.directory / CONFIG_FILE).is_file():
+            raise ResumeError(
+                f"cannot resume {self.directory}: its {CONFIG_FILE} is missing; restore it, "
+                "or start afresh (resume = false)"
+            )
         stored = read_config(self.directory)
         differing = sorted(
             key
@@ -202,20 +227,40 @@ class RunRecorder:
             if key != "resume" and stored.get(key) != config.get(key)
         )
         if differing:
-            raise ValueError(
+            raise ResumeError(
                 f"cannot resume {self.directory}: run-config key(s) {differing} differ from "
-                "the interrupted run's config.json"
+                f"the interrupted run's {CONFIG_FILE}; resume with its configuration"
             )
-        kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
-        lines = [_json_line(r.without_clients()) for r in kept]
-        write_text(self.directory / ROUNDS_FILE, "".join(lines))
+        self.token = read_token(self.directory)
+        try:
+            rounds = read_rounds(self.directory) if (self.directory / ROUNDS_FILE).exists() else []
+            rows = read_clients(self.directory)
+        except ValueError as error:  # a damaged line before the last: the error names it
+            raise ResumeError(
+                f"cannot resume {self.directory}: {error}; restore the file, or start "
+                "afresh (resume = false)"
+            ) from error
+        if defect := rounds_defect([r.round for r in rounds], resume_after):
+            raise ResumeError(
+                f"cannot resume {self.directory}: {ROUNDS_FILE} must hold rounds "
+                f"1..{resume_after} once each, in order (the checkpoint is of round "
+                f"{resume_after}), but {defect}; restore the run's own {ROUNDS_FILE}, or "
+                "start afresh (resume = false)"
+            )
+        if defect := clients_defect([row["round"] for row in rows], resume_after):
+            raise ResumeError(
+                f"cannot resume {self.directory}: {CLIENTS_FILE} {defect}; restore the "
+                f"run's own {CLIENTS_FILE}, or start afresh (resume = false)"
+            )
+        kept = rounds[:resume_after]
+        write_text(
+            self.directory / ROUNDS_FILE, "".join(_json_line(r.without_clients()) for r in kept)
+        )
         if (self.directory / CLIENTS_FILE).exists():
-            rows = [row for row in read_clients(self.directory) if row["round"] <= resume_after]
+            rows = [row for row in rows if row["round"] <= resume_after]
             write_text(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
         self.records = kept
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
-        run = self.directory / RUN_FILE
-        self.token = json.loads(run.read_text())["token"] if run.exists() else ""
 
     def fail(self, reason: str) -> None:
         """Record why the run stopped early (``failure.json``); rounds so far stay.
@@ -391,6 +436,76 @@ def _record_failure(directory: Path, reason: str, rounds_completed: int) -> bool
         logger.error("%s: cannot write %s (%s): %s", directory, FAILURE_FILE, error, reason)
         return False
     return True
+
+
+def read_token(directory: Path) -> str:
+    """The token of the run in ``directory`` (its ``run.json``), which its checkpoint
+    and its clients' snapshots must carry.
+
+    Raises
+    ------
+    ResumeError
+        If ``run.json`` is missing, not a regular file, or holds no token.
+    """
+    path = directory / RUN_FILE
+    if path.is_symlink() or not path.is_file():
+        raise ResumeError(
+            f"cannot resume {directory}: {path} is missing (or not a regular file), and "
+            "with it the run's token, so neither its checkpoint nor its clients' snapshots "
+            "can be told from another run's; restore run.json, or start afresh "
+            "(resume = false)"
+        )
+    try:
+        token = json.loads(path.read_text())["token"]
+    except (ValueError, KeyError, TypeError):
+        token = None
+    if not isinstance(token, str) or not token:
+        raise ResumeError(
+            f"cannot resume {directory}: {path} holds no run token; restore run.json, or "
+            "start afresh (resume = false)"
+        )
+    return token
+
+
+def rounds_defect(rounds: list[int], checkpoint_round: int) -> str | None:
+    """Why ``rounds`` (``rounds.jsonl``'s, in file order) cannot precede a resume after
+    ``checkpoint_round``; None if they are rounds ``1..checkpoint_round``, once each and
+    in order, followed by at most round ``checkpoint_round + 1``.
+
+    That one more round is what a crash leaves (a round's line is written before its
+    checkpoint) and what a round below ``min-replies`` leaves (recorded, never
+    checkpointed); the resume runs it again and drops the old line. Any further line
+    means the checkpoint is older than the rounds (restored from a copy, its round
+    edited): resuming would compute again, differently, rounds the file holds.
+    """
+    allowed = checkpoint_round + 1
+    for line, number in enumerate(rounds, start=1):
+        if line > allowed:
+            return (
+                f"rounds {rounds[allowed:]} follow round {allowed}, and only the one round "
+                "after the checkpoint, which it interrupted, may"
+            )
+        if number == line:
+            continue
+        if number in rounds[: line - 1]:
+            return f"round {number} appears twice"
+        if line in rounds[line:]:
+            return f"round {number} comes before round {line}"
+        return f"round {line} is missing"
+    if len(rounds) < checkpoint_round:
+        return f"it ends after round {len(rounds)}" if rounds else "it holds no round"
+    return None
+
+
+def clients_defect(rounds: list[int], checkpoint_round: int) -> str | None:
+    """Why ``rounds`` (``clients.jsonl``'s, one per evaluated round) cannot precede a
+    resume after ``checkpoint_round``: they must increase, up to at most the round after
+    it (the one a crash interrupted)."""
+    if any(later <= earlier for earlier, later in itertools.pairwise(rounds)):
+        return f"holds rounds {rounds}, not increasing"
+    if rounds and rounds[-1] > checkpoint_round + 1:
+        return f"holds round {rounds[-1]}, after round {checkpoint_round + 1}"
+    return None
 
 
 def metric_value(record: RoundRecord, metric: str) -> float:

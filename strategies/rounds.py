@@ -105,6 +105,10 @@ class TrainOutcome:
         order they happened (``partition P: reason``, ``global state not adopted: ...``).
     bytes_sent, bytes_received : int
         Bytes of the TRAIN messages and of the replies without error (``record_bytes``).
+    replied : tuple of int
+        Partitions whose reply came back without error, screened out or not: a client
+        replies after it saved its state (``clients.device_state``), so these hold a
+        snapshot of the round.
     """
 
     arrays: ArrayRecord
@@ -114,6 +118,7 @@ class TrainOutcome:
     rejections: tuple[str, ...]
     bytes_sent: int
     bytes_received: int
+    replied: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -245,8 +250,9 @@ def train_step(
     accepted = sum(
         screening.weight_defect(r) is None and screening.num_examples(r) > 0 for r in screened.kept
     )
+    replied = tuple(p for p, reply in exchange.replies.items() if not reply.has_error())
     return TrainOutcome(
-        arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received
+        arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received, replied
     )
 
 
@@ -387,6 +393,7 @@ def _record(
         train_seconds=trained - started,
         evaluate_seconds=time.monotonic() - trained,
         clients=dict(evaluate.clients),
+        trained=list(train.replied),
     )
 
 
