@@ -646,11 +646,11 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         """Every client needs a sample: the partitioners (flwr-datasets') refuse more
         partitions than the samples they split. Checked here against the sizes a data
         set declares (``DatasetInfo.train_samples``, ``test_samples``), before Ray
-        starts; a data set that grows with the run (MNIST-1D, the mixtures, the linear
-        tasks), a client that generates its own, or a registered data set that declares
-        no size has no such bound here. Finer shortfalls that only the labels reveal (a
-        class with fewer samples than the clients holding it) are the partitioner's to
-        report, where the data is split."""
+        starts; a data set that grows with the run (MNIST-1D and the synthetic
+        families' data sets), a client that generates its own, or a registered data set
+        that declares no size has no such bound here. Finer shortfalls that only the
+        labels reveal (a class with fewer samples than the clients holding it) are the
+        partitioner's to report, where the data is split."""
         info = self.dataset_info
         if (
             not info.partitioned
