@@ -184,10 +184,14 @@ def info(msg: Message, context: Context) -> Message:
 
 @app.query(Query.INITIAL)
 def initial(msg: Message, context: Context) -> Message:
-    """The seeded initial values of the shared model parts."""
+    """The seeded initial values of the shared model parts, or (config ``digest`` = 1)
+    their SHA-256 (``protocol.arrays_digest``), which the server's vote counts."""
     run = _run(context)
     client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
-    return _reply(msg, _startup(run, context, client.initial_arrays()), {})
+    arrays = _startup(run, context, client.initial_arrays())
+    if records.config_int(_config(msg), protocol.DIGEST, default=0):
+        arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
+    return _reply(msg, arrays, {})
 
 
 @app.query(Query.SNAPSHOT)

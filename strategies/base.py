@@ -89,29 +89,59 @@ class FedpersStrategy(Strategy):
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
-        """The shared parts of the seeded initial model, as the nodes build it.
+        """The shared parts of the seeded initial model, as a majority of the nodes build
+        it.
 
         Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start. Three nodes are asked, and the arrays that two of
-        them agree on to the bit are used (all nodes are asked if those three do not
-        agree): one node cannot choose the start.
+        code (and no torch) to start. Every node is asked for the SHA-256 of what it
+        builds (32 bytes, ``protocol.arrays_digest``); the digest that more than half of
+        the registered nodes give is the model, and the arrays come from the first node
+        of that majority whose arrays have it. No minority of nodes can choose the start
+        (three nodes were asked before: two colluders chose it).
+
+        Raises
+        ------
+        PopulationError
+            If no digest has a majority, or no node of the majority sends its arrays.
         """
         if not self.shared:
             return ArrayRecord()
         everyone = sorted(self.federation.node_of_partition)
-        answers = self.startup(grid, protocol.QUERY_INITIAL, everyone[:3], RecordDict(), timeout)
-        agreed = _agreeing(answers)
-        if len(agreed) < 2 and len(everyone) > 3:
-            more = self.startup(grid, protocol.QUERY_INITIAL, everyone[3:], RecordDict(), timeout)
-            agreed = _agreeing({**answers, **more})
-            answers.update(more)
-        if len(everyone) > 1 and len(agreed) < 2:
+        ask = RecordDict({protocol.CONFIG: ConfigRecord({protocol.DIGEST: 1})})
+        digests = self.startup(
+            grid, protocol.QUERY_INITIAL, everyone, ask, timeout, check=_digest_defect
+        )
+        majority = _majority(digests, len(everyone))
+        if not majority:
             raise PopulationError(
-                "no two nodes built the same initial model from the same seed; check that "
-                "every node runs the same fedpers version and run config"
+                f"no digest of the initial model is given by more than half of the "
+                f"{len(everyone)} nodes; check that every node runs the same fedpers "
+                "version and run config"
             )
-        chosen = answers[agreed[0]]
-        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in chosen.items()})
+        wanted = digests[majority[0]][protocol.DIGEST]
+        for partition in sorted(set(digests) - set(majority)):
+            self.reject_at_startup(
+                partition,
+                f"{protocol.QUERY_INITIAL}: its initial model is not the one the majority "
+                f"of the {len(everyone)} nodes builds",
+            )
+        for partition in majority:
+            try:
+                answer = self.startup(
+                    grid, protocol.QUERY_INITIAL, [partition], RecordDict(), timeout
+                )
+            except PopulationError:
+                continue  # recorded as a start-up rejection
+            arrays = answer[partition]
+            if np.array_equal(protocol.arrays_digest(arrays), wanted):
+                return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+            self.reject_at_startup(
+                partition, f"{protocol.QUERY_INITIAL}: its arrays differ from its digest"
+            )
+        raise PopulationError(
+            "no node of the majority sent the initial arrays of its digest; "
+            f"{self._startup_rejections[:3]}"
+        )
 
     def startup(
         self,
@@ -486,16 +516,27 @@ def _count(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _agreeing(answers: dict[int, dict[str, np.ndarray]]) -> list[int]:
-    """The largest group of partitions whose answers are equal to the bit."""
-    votes: dict[bytes, list[int]] = {}
-    for partition, arrays in answers.items():
-        digest = b"".join(
-            name.encode() + repr((v.shape, str(v.dtype))).encode() + v.tobytes()
-            for name, v in sorted(arrays.items())
+def _digest_defect(reply: Message) -> str | None:
+    """Why a ``query.initial`` digest answer is not one SHA-256 (32 uint8), or None."""
+    arrays = screening.arrays_of(reply)
+    digest = arrays.get(protocol.DIGEST)
+    if set(arrays) != {protocol.DIGEST} or digest is None:
+        return (
+            f"arrays {sorted(map(screening.shown, arrays))[:3]}, expected only '{protocol.DIGEST}'"
         )
-        votes.setdefault(digest, []).append(partition)
-    return max(votes.values(), key=len) if votes else []
+    if digest.shape != (32,) or digest.dtype != np.uint8:
+        return f"'{protocol.DIGEST}' is {digest.dtype}{list(digest.shape)}, not uint8[32]"
+    return None
+
+
+def _majority(answers: dict[int, dict[str, np.ndarray]], voters: int) -> list[int]:
+    """The partitions (sorted) whose digests are equal and more than half of ``voters``,
+    or none: each partition's node votes once."""
+    votes: dict[bytes, list[int]] = {}
+    for partition, arrays in sorted(answers.items()):
+        votes.setdefault(arrays[protocol.DIGEST].tobytes(), []).append(partition)
+    best = max(votes.values(), key=len, default=[])
+    return best if 2 * len(best) > voters else []
 
 
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:

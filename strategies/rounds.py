@@ -233,7 +233,7 @@ def train_step(
     """``configure_train``, the exchange, ``screen``, ``aggregate_train`` and
     ``state_defect``: a round's training, from the global state ``arrays``."""
     messages = list(strategy.configure_train(server_round, arrays, config, grid))
-    rejections = list(strategy.configure_train_rejections(server_round))
+    rejections = [*federation.take_notes(), *strategy.configure_train_rejections(server_round)]
     exchange = federation.send(grid, messages, timeout=timeout)
     sent, received = _bytes(messages), _reply_bytes(exchange.replies)
     for partition in sorted(set(exchange.failures) - set(exchange.replies)):

@@ -262,3 +262,89 @@ def test_trimmed_mean_that_would_trim_everything_is_refused_before_start() -> No
     refused = re.escape("'aggregation-trim' = 0.2 cut 1 of the 2 replies")
     with pytest.raises(ConfigError, match=refused):
         RunConfig.from_mapping(values)
+
+
+# ------------------------------------------------------------------------ votes
+def test_two_colluders_cannot_choose_the_initial_model() -> None:
+    nodes, colluders = 5, (0, 1)  # the first three partitions chose it before
+
+    def crafted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: values + np.float32(1.0) for name, values in arrays.items()}
+
+    def app(message: Message, context: Context) -> Message:
+        if (
+            message.metadata.message_type != protocol.QUERY_INITIAL
+            or context.node_config["partition-id"] not in colluders
+        ):
+            return client_app(message, context)
+        plain = Message(RecordDict(), message_type=protocol.QUERY_INITIAL, dst_node_id=0)
+        plain.metadata.__dict__["_message_id"] = "plain"
+        honest = client_app(plain, context)
+        assert not honest.has_error()
+        arrays = crafted(screening.arrays_of(honest))
+        config = message.content.config_records.get(protocol.CONFIG, {})
+        if config.get(protocol.DIGEST):
+            arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
+        content = RecordDict(
+            {protocol.ARRAYS: ArrayRecord({k: Array(v) for k, v in arrays.items()})}
+        )
+        return Message(content, reply_to=message)
+
+    values = run_config(algorithm="fedavg", dataset="digits", num_clients=nodes)
+    initial = {}
+    for name, application in (("honest", client_app), ("attacked", app)):
+        strategy = build_strategy(RunConfig.from_mapping(values))
+        grid = InProcessGrid(application, values, nodes)
+        strategy.federation.connect(grid, timeout=5)
+        initial[name] = {k: a.numpy() for k, a in strategy.initial_arrays(grid, timeout=5).items()}
+    assert sorted(initial["attacked"]) == sorted(initial["honest"])
+    for name, honest in initial["honest"].items():
+        np.testing.assert_array_equal(initial["attacked"][name], honest)
+    assert [r.split(":")[0] for r in strategy.startup_rejections] == [
+        f"partition {p}" for p in colluders
+    ]
+
+
+def test_the_pilot_count_is_one_vote_per_agent() -> None:
+    from fedpers.strategies.peer_relay import _agreed_rows
+
+    def pilots(rows: int, arrays: int) -> RecordDict:
+        record = {f"{sheaf_family.PILOTS}.{i}": Array(np.zeros((rows, 4))) for i in range(arrays)}
+        return RecordDict({protocol.ARRAYS: ArrayRecord(record)})
+
+    # Before: counted per array, the attacker's five arrays outvoted three agents
+    honest = [pilots(10, 1) for _ in range(3)]
+    assert _agreed_rows([pilots(7, 5), *honest], asked=4) == 10
+    assert _agreed_rows([pilots(7, 5), *honest[:1]], asked=4) == 0  # no majority: none
+
+
+def test_a_new_node_does_not_take_over_a_partition_whose_node_answers() -> None:
+    from flwr.app import Context as FlowerContext
+
+    from fedpers.strategies.federation import Federation
+
+    values = run_config(algorithm="fedavg", dataset="digits", num_clients=3)
+    failing: set[int] = set()
+    grid = InProcessGrid(
+        client_app, values, 3, fail=lambda node, m: "down" if node in failing else None
+    )
+    federation = Federation(3)
+    federation.connect(grid, timeout=5)
+    old = federation.node_of_partition[1]
+    grid.contexts[999] = FlowerContext(
+        run_id=1,
+        node_id=999,
+        node_config={"partition-id": 1, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=dict(values),
+    )
+    federation.refresh(grid, timeout=5)
+    assert federation.node_of_partition[1] == old  # taken over with an info log before
+    (note,) = federation.take_notes()
+    assert note.startswith(f"partition 1: node 999 claims it while node {old} still answers")
+    # Once its node misses a message, the partition may move
+    failing.add(old)
+    federation.broadcast(grid, protocol.QUERY_INFO, [1], RecordDict(), timeout=5)
+    federation.refresh(grid, timeout=5)
+    assert federation.node_of_partition[1] == 999
+    assert federation.take_notes() == []
