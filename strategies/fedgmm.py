@@ -90,12 +90,36 @@ class FedGMM(FedEM):
         count = arrays[mixture_family.STATS_COUNT]
         if not np.allclose(count, arrays[mixture_family.GAMMA].sum(axis=1), rtol=1e-6, atol=1e-6):
             return "statistics counts differ from the responsibilities"
-        return screening.statistics_defect(
-            count,
-            arrays[mixture_family.STATS_FIRST],
-            arrays[mixture_family.STATS_SECOND],
-            full=self.covariance == GmmCovariance.FULL,
+        second = arrays[mixture_family.STATS_SECOND]
+        full = self.covariance == GmmCovariance.FULL
+        reason = screening.statistics_defect(
+            count, arrays[mixture_family.STATS_FIRST], second, full=full
         )
+        return reason or self.spread_defect(count, second)
+
+    def spread_defect(self, count: np.ndarray, second: np.ndarray) -> str | None:
+        """Why a reply's statistics spread farther than any data near the components the
+        server sent, or None: per component, the mean squared distance of its samples to
+        the component's mean (``trace(second) / count``) may be at most
+        ``screening.HUGE`` times the component's variance (the trace of its covariance).
+
+        Second moments scaled by 1e300, or samples shifted by 1e6, were adopted before:
+        finite and PSD, they pass every other check. The mean offset is bounded too,
+        since its square is at most that mean squared distance.
+        """
+        sent = self.current[mixture_family.GMM_COVARIANCES].numpy()
+        full = self.covariance == GmmCovariance.FULL
+        variance = np.trace(sent, axis1=-2, axis2=-1) if full else sent.sum(axis=-1)
+        scatter = np.trace(second, axis1=-2, axis2=-1) if full else second.sum(axis=-1)
+        for k in np.flatnonzero(count > 0):
+            spread = float(scatter[k] / count[k])
+            bound = screening.HUGE * max(float(variance[k]), 1e-12)
+            if not spread <= bound:
+                return (
+                    f"statistics of component {k} spread {spread:.3g} (mean squared "
+                    f"distance), beyond {screening.HUGE:g} x its variance {variance[k]:.3g}"
+                )
+        return None
 
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """FedEM's, and every covariance positive definite."""

@@ -236,13 +236,22 @@ def magnitude_defect(
 
 def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
     """Why ``matrices`` (``(..., d, d)``) are not symmetric positive semi-definite within
-    ``tolerance`` relative to their scale, or None."""
-    scale = max(1.0, float(np.max(np.abs(matrices), initial=0.0)))
-    if not np.allclose(matrices, np.swapaxes(matrices, -1, -2), rtol=0, atol=tolerance * scale):
-        return f"'{name}' is not symmetric"
-    lowest = float(np.min(np.linalg.eigvalsh(matrices), initial=0.0))
-    if lowest < -tolerance * scale * matrices.shape[-1]:
-        return f"'{name}' is not positive semi-definite (eigenvalue {lowest:.3g})"
+    ``tolerance`` relative to each matrix's own scale, or None.
+
+    Each matrix is judged by its own largest entry: a scale shared by all let one huge
+    matrix widen the tolerance of the others, so that a reply could make another
+    component negative definite and void every round's pooled covariance.
+    """
+    stack = matrices.reshape(-1, *matrices.shape[-2:])
+    d = matrices.shape[-1]
+    for index, matrix in enumerate(stack):
+        scale = max(1.0, float(np.max(np.abs(matrix), initial=0.0)))
+        where = f"'{name}'" if len(stack) == 1 else f"'{name}' [{index}]"
+        if not np.allclose(matrix, matrix.T, rtol=0, atol=tolerance * scale):
+            return f"{where} is not symmetric"
+        lowest = float(np.min(np.linalg.eigvalsh(matrix), initial=0.0))
+        if lowest < -tolerance * scale * d:
+            return f"{where} is not positive semi-definite (eigenvalue {lowest:.3g})"
     return None
 
 

@@ -348,3 +348,57 @@ def test_a_new_node_does_not_take_over_a_partition_whose_node_answers() -> None:
     federation.refresh(grid, timeout=5)
     assert federation.node_of_partition[1] == 999
     assert federation.take_notes() == []
+
+
+# ----------------------------------------------------------- bounded statistics
+MIXTURE = {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60, "lr": 0.5}
+
+
+def _statistics(change: Callable[[dict[str, np.ndarray]], None]) -> Tamper:
+    def tamper(request: Message, reply: Message) -> Message:
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        values = {name: arrays[name].numpy().copy() for name in _STATISTICS}
+        change(values)
+        for name, value in values.items():
+            arrays[name] = Array(np.ascontiguousarray(value))
+        return reply
+
+    return tamper
+
+
+def _scaled_second(values: dict[str, np.ndarray]) -> None:
+    values[mixture_family.STATS_SECOND] *= 1e300
+
+
+def _shifted(values: dict[str, np.ndarray]) -> None:
+    # Every sample moved by 1e6: consistent statistics of data far from any component
+    count, first = values[mixture_family.STATS_COUNT], values[mixture_family.STATS_FIRST]
+    delta = np.full(first.shape[1], 1e6)
+    shift = count[:, None] * delta
+    values[mixture_family.STATS_SECOND] += (
+        np.einsum("ki,j->kij", first, delta)
+        + np.einsum("i,kj->kij", delta, first)
+        + np.einsum("k,i,j->kij", count, delta, delta)
+    )
+    values[mixture_family.STATS_FIRST] = first + shift
+
+
+@pytest.mark.parametrize("change", [_scaled_second, _shifted], ids=["second-x1e300", "shift-1e6"])
+def test_fedgmm_statistics_far_beyond_the_components_are_left_out(
+    change: Callable[[dict[str, np.ndarray]], None],
+) -> None:
+    _, records, _ = _run({MessageType.TRAIN: _statistics(change)}, **MIXTURE)
+    (record,) = records
+    # Left out: by the spread bound, or (the shift's second moments lose the digits of
+    # its covariance) as not PSD at the matrix's own scale; both adopted before
+    (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+    assert "spread" in reason or "not positive semi-definite" in reason, reason
+    assert record.replies == NODES - 1
+
+
+def test_one_huge_matrix_does_not_widen_the_psd_tolerance_of_another() -> None:
+    huge = np.eye(3) * 1e12
+    negative = np.eye(3) - 2.0 * np.outer([1, 0, 0], [1, 0, 0])  # eigenvalue -1
+    # Before: the tolerance 1e-6 x 1e12 x 3 of the huge one let -1 pass
+    reason = screening.symmetric_psd_defect("second moments", np.stack([huge, negative]))
+    assert reason == "'second moments' [1] is not positive semi-definite (eigenvalue -1)"

@@ -126,7 +126,7 @@ def test_symmetric_psd_defect_against_eigenvalues() -> None:
     psd = a @ np.swapaxes(a, 1, 2)
     assert screening.symmetric_psd_defect("s", psd) is None
     assert screening.symmetric_psd_defect("s", psd + np.triu(np.ones((4, 4)), 1)) == (
-        "'s' is not symmetric"
+        "'s' [0] is not symmetric"
     )
     negative = psd.copy()
     negative[1] -= 100 * np.eye(4)  # eigenvalues shifted below zero
