@@ -4,7 +4,8 @@ Each handler reads the run configuration once (typed, validated), builds this no
 client from the algorithm table's row (``fedpers.algorithms``), and calls it. Message
 types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, the queries
 every family answers (``protocol.Query``: ``info``, the partition id and data sizes
-that the server maps nodes by, and ``initial``, the seeded initial shared arrays), and
+that the server maps nodes by, ``initial``, the seeded initial shared arrays, and
+``snapshot``, a resumed run's restore of the node's state), and
 each registered family's own queries (``fedpers.families``, ``FamilySpec.queries``),
 registered below from the registry.
 """
@@ -183,10 +184,32 @@ def info(msg: Message, context: Context) -> Message:
 
 @app.query(Query.INITIAL)
 def initial(msg: Message, context: Context) -> Message:
-    """The seeded initial values of the shared model parts."""
+    """The seeded initial values of the shared model parts, or (config ``digest`` = 1)
+    their SHA-256 (``protocol.arrays_digest``), which the server's vote counts."""
     run = _run(context)
     client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
-    return _reply(msg, _startup(run, context, client.initial_arrays()), {})
+    arrays = _startup(run, context, client.initial_arrays())
+    if records.config_int(_config(msg), protocol.DIGEST, default=0):
+        arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
+    return _reply(msg, arrays, {})
+
+
+@app.query(Query.SNAPSHOT)
+def snapshot(msg: Message, context: Context) -> Message:
+    """A resumed run's first question to a node: restore its state from its newest
+    snapshot up to the checkpoint's round, and say which round that was (0: none; -1:
+    the node already held state, of an unknown round)."""
+    run = _run(context)
+    config = _config(msg)
+    if len(context.state) > 0:
+        return _reply(msg, None, {protocol.SNAPSHOT_ROUND: -1.0})
+    restored = device_state.restore(
+        run,
+        context,
+        before_round=records.config_int(config, protocol.ROUND) + 1,
+        token=str(config.get(protocol.RUN_TOKEN, "")),
+    )
+    return _reply(msg, None, {protocol.SNAPSHOT_ROUND: float(restored)})
 
 
 def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:

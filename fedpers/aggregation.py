@@ -10,6 +10,7 @@ Learning", ICML 2018) and a mean of norm-clipped updates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
@@ -62,19 +63,40 @@ class Aggregation(StrEnum):
     CLIPPED_MEAN = "clipped-mean"  # weighted mean of norm-clipped updates
 
 
-def trimmed_mean(arrays: Sequence[Mapping[str, np.ndarray]], trim: float) -> dict[str, np.ndarray]:
-    """Coordinate-wise mean after cutting the ``trim`` fraction of the lowest and of the
-    highest values (``scipy.stats.trim_mean``; Yin et al., ICML 2018). Unweighted: a
-    client's claimed size cannot move it."""
-    from scipy import stats  # here: 0.35 s to import, and most runs never trim
+def trim_count(replies: int, trim: float) -> int:
+    """Values cut at each end of ``replies`` by a ``trim`` fraction: ``ceil(trim x
+    replies)`` (a product within 1e-9 of a whole number counts as that number, so
+    ``0.1 x 30`` cuts 3), at least one for any ``trim > 0``."""
+    return max(0, math.ceil(trim * replies - 1e-9))
 
+
+def trimmed_mean(arrays: Sequence[Mapping[str, np.ndarray]], trim: float) -> dict[str, np.ndarray]:
+    """Coordinate-wise mean after cutting ``trim_count(k, trim)`` of the lowest and of the
+    highest of the ``k`` values (Yin et al., ICML 2018). Unweighted: a client's claimed
+    size cannot move it. Any ``trim > 0`` cuts at least one value at each end, at any
+    reply count: with 4 replies and ``trim = 0.2``, the lowest and the highest.
+
+    Raises
+    ------
+    AggregationError
+        When the cut leaves no value (``2 x trim_count >= k``).
+    """
     _check_same(arrays)
-    return {
-        name: np.asarray(stats.trim_mean(np.stack([a[name] for a in arrays]), trim, axis=0))
-        .astype(first.dtype)
-        .reshape(first.shape)
-        for name, first in arrays[0].items()
-    }
+    k = len(arrays)
+    cut = trim_count(k, trim)
+    if 2 * cut >= k:
+        raise AggregationError(
+            f"trimmed-mean with aggregation-trim = {trim} cuts {cut} of {k} replies at "
+            "each end and leaves none: lower aggregation-trim, or sample more clients"
+        )
+    out = {}
+    for name, first in arrays[0].items():
+        stacked = np.stack([a[name] for a in arrays])
+        # The values kept are found as scipy.stats.trim_mean finds them (a partition at
+        # both cuts), so that the same cut gives the same bits.
+        middle = np.partition(stacked, (cut, k - cut - 1), axis=0)[cut : k - cut]
+        out[name] = np.asarray(np.mean(middle, axis=0)).astype(first.dtype).reshape(first.shape)
+    return out
 
 
 def coordinate_median(arrays: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -4,12 +4,16 @@ a crash, finds the old contents or the new ones, never a part of them.
 The contents go to a temporary file beside the target (``.NAME.PID.tmp``: same
 directory, so the rename stays on one file system; hidden and without the target's
 suffix, so a ``*.npz`` or ``*.json`` glob never sees it), are flushed and fsynced, and
-``os.replace`` puts them in place. A write that fails removes its temporary file and
-leaves the target as it was.
+``os.replace`` puts them in place. A write that fails (a full disk, a file system gone
+read-only) removes its temporary file and leaves the target as it was.
+
+``append_text`` adds to the end of a file (``rounds.jsonl``) all or nothing: an append
+that fails part-way is cut off again, so a reader never meets half a line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,6 +39,21 @@ def write_text(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path``, creating it if needed; a write that fails
+    part-way truncates the file back to its old length before the error is raised."""
+    data = memoryview(text.encode("utf-8"))
+    with path.open("ab", buffering=0) as handle:  # unbuffered: close writes nothing more
+        start = handle.seek(0, os.SEEK_END)
+        try:
+            while data:
+                data = data[handle.write(data) :]
+        except BaseException:
+            with contextlib.suppress(OSError):  # a file system gone read-only keeps it
+                handle.truncate(start)
+            raise
+
+
 @contextmanager
 def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -45,5 +64,6 @@ def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the write's own error is the one to raise
+            tmp.unlink(missing_ok=True)
         raise

@@ -1,12 +1,33 @@
-"""Server checkpoints: the global arrays after a round, written atomically.
+"""Server checkpoints: the global arrays after a round, bound to the run that wrote them.
 
 A crash while writing leaves the previous checkpoint intact (write to a temporary
-file, fsync, rename). ``resume = true`` continues a run from its last checkpoint.
+file, fsync, rename). ``resume = true`` continues a run from its last checkpoint, and
+only from a checkpoint that is the run's own: besides the round and the arrays it holds
+
+- the run's token (``run.json``, ``fedpers.results``): a checkpoint copied from another
+  run, even one of the same name, is refused;
+- the digest of the configuration that computed it (``configuration_digest``: every
+  run-config key but ``NOT_COMPUTED``): a resume under another configuration is refused,
+  even where ``config.json`` was edited to match it;
+- the last round in which each partition's training reply came back (``trained``): the
+  rounds after which its device snapshot must exist (``strategies/resume.py``);
+- a digest of all of the above and of every array: a checkpoint changed after it was
+  written (its round edited, an array replaced) is refused.
+
+The checkpoint must be a regular file in the run directory: a symbolic link is refused,
+since the file it points to is another run's, or can become one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,9 +35,29 @@ from fedpers.atomic import save_npz
 
 CHECKPOINT_FILE = "checkpoint.npz"
 ROUND_KEY = "__round__"
+TOKEN_KEY = "__token__"
+CONFIGURATION_KEY = "__configuration__"
+TRAINED_KEY = "__trained__"  # (partition, round) rows
+DIGEST_KEY = "__digest__"
+RESERVED = (ROUND_KEY, TOKEN_KEY, CONFIGURATION_KEY, TRAINED_KEY, DIGEST_KEY)
+
+# Run-config keys that do not change what a run computes, so a resume may differ in them
+# (config.json is compared on its own, on every key but `resume`): whether it resumes,
+# where it writes (`results-dir`, `run-name`, `tensorboard`), where the clients keep
+# their snapshots (`client-state-dir`: what is there is checked node by node), and how
+# long the start waits for the nodes (`node-wait-timeout`: a node that is late fails the
+# start, it changes no number). `round-timeout` counts: it decides which replies a round
+# uses. So do `device` and `client-threads`: the floats can differ between them.
+NOT_COMPUTED = frozenset(
+    {"resume", "results-dir", "run-name", "tensorboard", "client-state-dir", "node-wait-timeout"}
+)
 
 
-class CheckpointError(ValueError):
+class ResumeError(ValueError):
+    """A resume refused before any round: the message names the file and the fix."""
+
+
+class CheckpointError(ResumeError):
     """A checkpoint that cannot be resumed from; the message names the file and the fix."""
 
 
@@ -24,49 +65,199 @@ class NoCheckpointError(CheckpointError, FileNotFoundError):
     """A run asked to resume has no checkpoint to resume from."""
 
 
-def save_checkpoint(directory: Path, server_round: int, arrays: dict[str, np.ndarray]) -> Path:
-    """Atomically replace ``directory/checkpoint.npz`` with this round's arrays."""
-    if ROUND_KEY in arrays:
-        raise ValueError(f"array name '{ROUND_KEY}' is reserved")
+@dataclass(frozen=True)
+class Checkpoint:
+    """A run's global state after a round, and what binds it to the run.
+
+    Attributes
+    ----------
+    round : int
+        The last round whose global state it holds.
+    arrays : dict of str to ndarray
+        The global arrays after that round.
+    token : str
+        The run's token (``run.json``).
+    configuration : str
+        ``configuration_digest`` of the run's configuration.
+    trained : dict of int to int
+        For each partition whose training reply ever came back without error, the last
+        such round (at most ``round``): its device snapshot of that round was written.
+    """
+
+    round: int
+    arrays: dict[str, np.ndarray]
+    token: str
+    configuration: str
+    trained: dict[int, int] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        """SHA-256 of the round, the binding and every array (names, dtypes, shapes,
+        bytes): what ``load_checkpoint`` recomputes to see the file unchanged."""
+        h = hashlib.sha256()
+        binding = [self.round, self.token, self.configuration, sorted(self.trained.items())]
+        h.update(json.dumps(binding).encode())
+        for name in sorted(self.arrays):
+            values = np.ascontiguousarray(self.arrays[name])
+            h.update(json.dumps([name, values.dtype.str, list(values.shape)]).encode())
+            h.update(values.tobytes())
+        return h.hexdigest()
+
+
+def configuration_digest(config: Mapping[str, Any]) -> str:
+    """SHA-256 of the run-config keys that change what a run computes (all but
+    ``NOT_COMPUTED``), from the resolved configuration (``RunConfig.to_mapping()`` or a
+    run's ``config.json``)."""
+    computed = {key: value for key, value in config.items() if key not in NOT_COMPUTED}
+    return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()
+
+
+def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
+    """Atomically replace ``directory/checkpoint.npz`` with ``checkpoint``."""
+    if reserved := sorted(set(RESERVED) & set(checkpoint.arrays)):
+        raise ValueError(f"array name(s) {reserved} are reserved for the checkpoint's binding")
     path = directory / CHECKPOINT_FILE
-    save_npz(path, {ROUND_KEY: np.array(server_round), **arrays})
+    trained = np.array(sorted(checkpoint.trained.items()), dtype=np.int64).reshape(-1, 2)
+    save_npz(
+        path,
+        {
+            ROUND_KEY: np.array(checkpoint.round),
+            TOKEN_KEY: np.array(checkpoint.token),
+            CONFIGURATION_KEY: np.array(checkpoint.configuration),
+            TRAINED_KEY: trained,
+            DIGEST_KEY: np.array(checkpoint.digest()),
+            **checkpoint.arrays,
+        },
+    )
     return path
 
 
+@dataclass
+class CheckpointWriter:
+    """Writes a run's checkpoint after each round, bound to the run, with the last round
+    each partition trained in (``Checkpoint.trained``; a resumed run continues the one
+    its checkpoint holds).
+
+    Parameters
+    ----------
+    directory : Path
+        The run directory.
+    token : str
+        The run's token (``run.json``).
+    configuration : str
+        ``configuration_digest`` of the run's configuration.
+    trained : dict of int to int, optional
+        The rounds each partition last trained in, so far.
+    """
+
+    directory: Path
+    token: str
+    configuration: str
+    trained: dict[int, int] = field(default_factory=dict)
+
+    def trained_in(self, server_round: int, partitions: Iterable[int]) -> None:
+        """``partitions`` replied to ``server_round``'s training without error."""
+        self.trained.update(dict.fromkeys(partitions, server_round))
+
+    def save(self, server_round: int, arrays: dict[str, np.ndarray]) -> Path:
+        """The checkpoint after ``server_round``, with the global ``arrays``."""
+        checkpoint = Checkpoint(
+            server_round, arrays, self.token, self.configuration, dict(self.trained)
+        )
+        return save_checkpoint(self.directory, checkpoint)
+
+
+FIX = "restore the run's own checkpoint, or start afresh (resume = false)"
+
+
 def load_checkpoint(
-    directory: Path, *, num_rounds: int | None = None
-) -> tuple[int, dict[str, np.ndarray]]:
-    """The round and arrays of ``directory``'s checkpoint, checked.
+    directory: Path, *, num_rounds: int, token: str, configuration: str
+) -> Checkpoint:
+    """``directory``'s checkpoint, if it is the one the run with ``token`` and the
+    configuration of digest ``configuration`` wrote after a round in
+    ``1 .. num_rounds - 1``.
 
     Raises
     ------
     CheckpointError
-        If there is none, it does not read (truncated, not an npz), its round is not a
-        whole number in ``1 .. num_rounds - 1``, or an array is not finite; the message
-        names the file and what to do.
+        If there is none, it is not a regular file (a symbolic link), it does not read
+        (truncated, not an npz), it holds no binding, it was changed after it was
+        written, it is another run's or another configuration's, its round is outside
+        the run, or an array is not finite; the message names the file and what to do.
     """
     path = directory / CHECKPOINT_FILE
-    if not path.exists():
-        raise NoCheckpointError(
-            f"{directory} has no {CHECKPOINT_FILE} to resume from; run without resume = true"
-        )
-    fix = "remove it and start afresh (resume = false), or restore a good copy"
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            stored_round = stored[ROUND_KEY]
-            arrays = {k: stored[k] for k in stored.files if k != ROUND_KEY}
-    except Exception as error:
-        raise CheckpointError(f"{path} cannot be read ({type(error).__name__}); {fix}") from None
-    if stored_round.shape != () or stored_round.dtype.kind not in "iu":
-        raise CheckpointError(f"{path} holds no round number; {fix}")
-    server_round = int(stored_round)
-    last = num_rounds - 1 if num_rounds is not None else server_round
-    if not 1 <= server_round <= last:
+    stored = _read(path)
+    checkpoint = _unpack(path, stored)
+    last = num_rounds - 1
+    if not 1 <= checkpoint.round <= last:
         raise CheckpointError(
-            f"{path} is at round {server_round}, not in 1..{last} (num-rounds = {num_rounds}); "
-            "nothing to resume there, or it is damaged: " + fix
+            f"{path} is at round {checkpoint.round}, not in 1..{last} (num-rounds = "
+            f"{num_rounds}); nothing to resume there, or it is damaged: {FIX}"
         )
-    for name, values in arrays.items():
+    if str(stored[DIGEST_KEY]) != checkpoint.digest():
+        raise CheckpointError(
+            f"{path} was changed after it was written (its round or arrays do not match "
+            f"its digest): {FIX}"
+        )
+    if checkpoint.token != token:
+        raise CheckpointError(
+            f"{path} was written by another run (token '{checkpoint.token}'; this run's "
+            f"run.json says '{token}'): {FIX}"
+        )
+    if checkpoint.configuration != configuration:
+        raise CheckpointError(
+            f"{path} was written under another configuration than this run's (they differ "
+            f"in a key that changes what is computed: any but {sorted(NOT_COMPUTED)}): "
+            "resume with the configuration that wrote it, or start afresh (resume = false)"
+        )
+    for name, values in checkpoint.arrays.items():
         if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
-            raise CheckpointError(f"{path}: array '{name}' is not finite; {fix}")
-    return server_round, arrays
+            raise CheckpointError(f"{path}: array '{name}' is not finite; {FIX}")
+    return checkpoint
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the regular file ``path``, which is opened without following a
+    link (a link swapped in after the check is refused as well)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        raise NoCheckpointError(
+            f"{path.parent} has no {CHECKPOINT_FILE} to resume from; run without resume = true"
+        ) from None
+    if stat.S_ISLNK(mode):
+        raise CheckpointError(
+            f"{path} is a symbolic link: a run resumes only from the checkpoint it wrote in "
+            f"its own directory; replace the link with that file, or start afresh "
+            "(resume = false)"
+        )
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path} is not a regular file; {FIX}")
+    try:
+        with (
+            os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle,
+            np.load(handle, allow_pickle=False) as stored,
+        ):
+            return {name: stored[name] for name in stored.files}
+    except Exception as error:
+        raise CheckpointError(f"{path} cannot be read ({type(error).__name__}); {FIX}") from None
+
+
+def _unpack(path: Path, stored: dict[str, np.ndarray]) -> Checkpoint:
+    """The checkpoint ``stored`` holds; an error if its round or binding is missing."""
+    if any(key not in stored for key in RESERVED):
+        raise CheckpointError(
+            f"{path} holds no round number or no binding to its run (written by an older "
+            f"fedpers, or not a checkpoint); {FIX}"
+        )
+    stored_round, trained = stored[ROUND_KEY], stored[TRAINED_KEY]
+    if stored_round.shape != () or stored_round.dtype.kind not in "iu":
+        raise CheckpointError(f"{path} holds no round number; {FIX}")
+    if trained.ndim != 2 or trained.shape[1] != 2 or trained.dtype.kind not in "iu":
+        raise CheckpointError(f"{path}: '{TRAINED_KEY}' is not a table of rounds; {FIX}")
+    return Checkpoint(
+        round=int(stored_round),
+        arrays={k: v for k, v in stored.items() if k not in RESERVED},
+        token=str(stored[TOKEN_KEY]),
+        configuration=str(stored[CONFIGURATION_KEY]),
+        trained={int(p): int(r) for p, r in trained},
+    )

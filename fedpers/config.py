@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from fedpers import algorithms, families
-from fedpers.aggregation import Aggregation
+from fedpers.aggregation import Aggregation, trim_count
 from fedpers.algorithms import AlgorithmSpec
 from fedpers.data.registry import DATASETS, MODEL_INPUTS, DatasetInfo
 from fedpers.data.shift import TRANSFORMS, parse_transforms
 from fedpers.families import FamilySpec
 from fedpers.faults import FAULT_KINDS, parse_faults
+from fedpers.results import run_name_defect
 from fedpers.settings import (
     CHOICES,
     DESCRIPTION,
@@ -126,6 +127,11 @@ class ExperimentSettings:
     seed: int = setting(0, "every random choice (data, partition, model, sampling, batches)")
 
     def check(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(
+                f"run-config key 'seed' = {self.seed} must be 0 or more (every random "
+                "stream is keyed by non-negative integers); choose a seed >= 0."
+            )
         if self.algorithm not in algorithms.names():
             raise ConfigError(
                 f"run-config key 'algorithm' = '{self.algorithm}' is not allowed; choose one "
@@ -298,10 +304,16 @@ class RobustnessSettings:
     aggregation_clip: float = setting(
         2.0, "clipped-mean: largest update norm, in multiples of the round's median norm"
     )
+    weight_cap: float = setting(
+        10.0,
+        "largest weight of one reply (training, responsibilities, evaluation), in "
+        "multiples of the lower median of the sizes the nodes registered",
+    )
 
     def check(self) -> None:
         within("aggregation-trim", self.aggregation_trim, "[0, 0.5)")
         positive("aggregation-clip", self.aggregation_clip)
+        at_least("weight-cap", self.weight_cap, 1)
 
 
 @dataclass(frozen=True)
@@ -323,12 +335,20 @@ class OutputSettings:
     """Where a run writes."""
 
     results_dir: str = setting("results", "directory of the run directories")
-    run_name: str = setting("", "the run's directory (empty: `<algorithm>-<dataset>-<time>`)")
+    run_name: str = setting(
+        "",
+        "the run's directory, one path segment: 1 to 128 of A-Za-z0-9 . _ + -, a letter or "
+        "digit first (empty: `<algorithm>-<dataset>-<time>`)",
+    )
     tensorboard: bool = setting(
         False,
         "also write each round's metrics as TensorBoard event files in "
         "`<run directory>/tensorboard` (the `tensorboard` extra)",
     )
+
+    def check(self) -> None:
+        if self.run_name and (defect := run_name_defect(self.run_name)) is not None:
+            raise ConfigError(defect + ".")
 
 
 # The groups in the order of the docs and of pyproject.toml.
@@ -415,7 +435,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         """
         every = schema()
         settings = {s.attribute: s for s in every.values()}
-        given = {key.replace("-", "_"): value for key, value in values.items()}
+        given = _by_attribute(values)
         unknown = sorted(set(given) - set(settings))
         if unknown:
             keys = ", ".join(k.replace("_", "-") for k in unknown)
@@ -509,6 +529,21 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         return shape
 
     @property
+    def seen_clients(self) -> int:
+        """The clients that train: ``num-clients`` less the unseen ones (the highest ids,
+        ``round(unseen-fraction * num-clients)`` of them)."""
+        return self.num_clients - round(self.unseen_fraction * self.num_clients)
+
+    @property
+    def clients_per_round(self) -> int:
+        """The clients a round trains: the family's count where it sets one
+        (``FamilySpec.clients_per_round``), else ``max(1, round(fraction-train * seen))``,
+        the sampling of ``strategies/base.py``."""
+        if self.family.clients_per_round is not None:
+            return self.family.clients_per_round(self)
+        return max(1, round(self.fraction_train * self.seen_clients))
+
+    @property
     def per_client_split(self) -> bool:
         """True when each client splits its own data 60/20/20 (FedEM's protocol)."""
         return self.test_split == TestSplit.PER_CLIENT or self.dataset_info.per_client_split
@@ -529,6 +564,10 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_partition()
         self._check_shift()
         self._check_unseen()
+        self._check_sampling()
+        self._check_trim()
+        self._check_capacity()
+        self._check_faults()
         self._check_resume()
 
     def _check_model_fits_data(self) -> None:
@@ -577,6 +616,81 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
             raise ConfigError(
                 f"run-config key 'unseen-fraction' = {self.unseen_fraction} of "
                 f"{self.num_clients} clients leaves no unseen client."
+            )
+        if self.seen_clients < 1:
+            raise ConfigError(
+                f"run-config key 'unseen-fraction' = {self.unseen_fraction} holds out all "
+                f"{self.num_clients} clients of 'num-clients' = {self.num_clients}, leaving "
+                "no seen client to train; lower 'unseen-fraction' or raise 'num-clients'."
+            )
+
+    def _check_sampling(self) -> None:
+        """A round must be able to reach ``min-replies``: it trains ``clients_per_round``."""
+        trained = self.clients_per_round
+        if self.min_replies <= trained:
+            return
+        if self.family.clients_per_round is not None:
+            how = f"the '{self.family.name}' family's rounds of 'num-clients' = {self.num_clients}"
+        else:
+            how = (
+                f"'fraction-train' = {self.fraction_train} of the {self.seen_clients} seen "
+                f"clients of 'num-clients' = {self.num_clients}"
+            )
+        raise ConfigError(
+            f"run-config key 'min-replies' = {self.min_replies} exceeds the {trained} "
+            f"clients a round trains ({how}), so every round would fail; lower "
+            f"'min-replies' to at most {trained}, or raise 'fraction-train' or 'num-clients'."
+        )
+
+    def _check_capacity(self) -> None:
+        """Every client needs a sample: the partitioners (flwr-datasets') refuse more
+        partitions than the samples they split. Checked here against the sizes a data
+        set declares (``DatasetInfo.train_samples``, ``test_samples``), before Ray
+        starts; a data set that grows with the run (MNIST-1D and the synthetic
+        families' data sets), a client that generates its own, or a registered data set
+        that declares no size has no such bound here. Finer shortfalls that only the
+        labels reveal (a class with fewer samples than the clients holding it) are the
+        partitioner's to report, where the data is split."""
+        info = self.dataset_info
+        if (
+            not info.partitioned
+            or self.partitioner == Partitioner.GENERATED
+            or info.train_samples is None
+        ):
+            return
+        pooled = self.per_client_split or self.joint_shift or self.family.pools_splits
+        pool = info.train_samples + ((info.test_samples or 0) if pooled else 0)
+        split = "train and test splits pooled" if pooled else "training split"
+        if self.num_clients > pool:
+            raise ConfigError(
+                f"run-config key 'num-clients' = {self.num_clients} asks for more clients "
+                f"than dataset='{self.dataset}' has samples to split ({pool} samples, its "
+                f"{split}); every client needs at least one: lower 'num-clients' to at "
+                f"most {pool}, or choose a larger data set."
+            )
+
+    def _check_faults(self) -> None:
+        """Every partition a fault names exists (ranges are compared, not expanded)."""
+        for fault in parse_faults(self.fault_injection):
+            if fault.highest >= self.num_clients:
+                raise ConfigError(
+                    f"run-config key 'fault-injection': entry '{fault.entry}' names "
+                    f"partition {fault.highest}, but 'num-clients' = {self.num_clients} "
+                    f"has partitions 0..{self.num_clients - 1}; name partitions below "
+                    f"{self.num_clients}, or raise 'num-clients'."
+                )
+
+    def _check_trim(self) -> None:
+        if self.aggregation != Aggregation.TRIMMED_MEAN:
+            return
+        sampled = self.clients_per_round
+        cut = trim_count(sampled, self.aggregation_trim)
+        if 2 * cut >= sampled:
+            raise ConfigError(
+                f"run-config keys 'aggregation' = 'trimmed-mean' and 'aggregation-trim' = "
+                f"{self.aggregation_trim} cut {cut} of the {sampled} replies a round "
+                "samples at each end, leaving none: lower aggregation-trim, or raise "
+                "fraction-train or num-clients."
             )
 
     def _check_resume(self) -> None:
@@ -661,6 +775,11 @@ class Key:
             return float(value)
         if kind is int and isinstance(value, float) and value.is_integer():
             return int(value)
+        if isinstance(value, str) and "\x00" in value:
+            raise ConfigError(
+                f"run-config key '{self.key}' = {value!r} holds a NUL character, which no "
+                "path or name can hold; remove it."
+            )
         if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
             return value
         raise ConfigError(
@@ -722,9 +841,52 @@ def schema_defaults() -> dict[str, Any]:
 
 def default_run_config(pyproject: Path) -> dict[str, Any]:
     """The defaults of ``[tool.flwr.app.config]`` of an app's ``pyproject``, as Flower
-    reads them; a test keeps fedpers' own equal to ``schema_defaults()``."""
+    reads them; a test keeps fedpers' own equal to ``schema_defaults()``.
+
+    Raises
+    ------
+    ConfigError
+        If the file has no such table, or a table on the way is not one.
+    """
     with pyproject.open("rb") as handle:
-        return dict(tomllib.load(handle)["tool"]["flwr"]["app"]["config"])
+        document = tomllib.load(handle)
+    if "tool" not in document:
+        raise ConfigError(f"{pyproject} has no [tool.flwr.app.config] table.")
+    return dict(run_config_table(document, str(pyproject)))
+
+
+CONFIG_TABLE = ("tool", "flwr", "app", "config")
+
+
+def run_config_table(document: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """The run-config keys of a parsed TOML file: its ``[tool.flwr.app.config]`` table
+    where it has ``tool``, else its top-level keys (a ``conf/*.toml`` file).
+
+    Raises
+    ------
+    ConfigError
+        If the file has ``tool`` and ``tool``, ``tool.flwr``, ``tool.flwr.app`` or
+        ``tool.flwr.app.config`` is missing or not a table, naming it and the file.
+    """
+    if "tool" not in document:
+        return document
+    table: Any = document
+    for depth, name in enumerate(CONFIG_TABLE):
+        if name not in table:
+            raise ConfigError(
+                f"{source}: '{'.'.join(CONFIG_TABLE[:depth])}' has no '{name}'; put the "
+                "run-config keys in a [tool.flwr.app.config] table, or at the top level "
+                "of the file without a 'tool' key."
+            )
+        table = table[name]
+        if not isinstance(table, dict):
+            dotted = ".".join(CONFIG_TABLE[: depth + 1])
+            raise ConfigError(
+                f"{source}: '{dotted}' is {_toml_kind(table)}, not a table; put the "
+                "run-config keys in a [tool.flwr.app.config] table, or at the top level "
+                "of the file without a 'tool' key."
+            )
+    return table
 
 
 def load_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -794,6 +956,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
+
+
+def _by_attribute(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` by attribute name (``num-clients`` and ``num_clients`` -> ``num_clients``).
+
+    Raises
+    ------
+    ConfigError
+        If two keys name one attribute: which value is meant cannot be told.
+    """
+    given: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in values.items():
+        attribute = key.replace("-", "_")
+        if attribute in spelled:
+            raise ConfigError(
+                f"run-config keys '{spelled[attribute]}' and '{key}' name the same setting; "
+                f"give it once (as '{attribute.replace('_', '-')}')."
+            )
+        spelled[attribute] = key
+        given[attribute] = value
+    return given
+
+
+def _toml_kind(value: Any) -> str:
+    """What a TOML value is, with its article: ``a str``, ``an int``, ``an array``."""
+    names = {str: "a str", bool: "a bool", int: "an int", float: "a float", list: "an array"}
+    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def _group_summaries() -> dict[str, str]:

@@ -3,7 +3,9 @@
 A spec is comma-separated entries ``kind[=value]:partitions[@round]``:
 
 - ``partitions``: one id (``3``), an inclusive range (``0-9``) or ids joined by ``+``
-  (``1+4+7``);
+  (``1+4+7``); ids are plain decimal numbers of at most ``MAX_DIGITS`` digits, and a
+  range is kept as a ``range``, never expanded (``0-999999999`` costs no more than
+  ``0-3``);
 - ``@round``: only in that round (start-up queries count as round 0); without it, in
   every round;
 - ``=value``: the kind's parameter (a number), where it has one; else its default.
@@ -14,7 +16,8 @@ The kinds are listed in ``KINDS``, with their parameters' defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 # kind -> default parameter (None: the kind takes none)
 KINDS: dict[str, float | None] = {
@@ -52,18 +55,37 @@ KINDS: dict[str, float | None] = {
 FAULT_KINDS = tuple(KINDS)
 
 
+MAX_DIGITS = 18  # an id or a round: below 10**18, so int() is cheap and never refused
+_NUMBER = f"[0-9]{{1,{MAX_DIGITS}}}"
+_ONE = re.compile(_NUMBER)
+_RANGE = re.compile(f"({_NUMBER})-({_NUMBER})")
+_LIST = re.compile(f"{_NUMBER}(?:\\+{_NUMBER})+")
+
+
 @dataclass(frozen=True)
 class Fault:
-    """One entry of a ``fault-injection`` spec."""
+    """One entry of a ``fault-injection`` spec.
+
+    ``partitions`` holds the ids as ranges (``0-9``: ``range(0, 10)``; ``1+4``: two
+    ranges of one id), so that checking a partition costs one comparison per range,
+    whatever the range's size. ``entry`` is the entry's text, for error messages.
+    """
 
     kind: str
     value: float | None
-    partitions: frozenset[int]
+    partitions: tuple[range, ...]
     round: int | None
+    entry: str = field(default="", compare=False)
 
     def applies(self, partition: int, server_round: int) -> bool:
         """Whether ``partition`` misbehaves this way in ``server_round``."""
-        return partition in self.partitions and self.round in (None, server_round)
+        hit = any(partition in ids for ids in self.partitions)
+        return hit and self.round in (None, server_round)
+
+    @property
+    def highest(self) -> int:
+        """The highest partition id the entry names."""
+        return max(ids[-1] for ids in self.partitions)
 
 
 def parse_faults(spec: str) -> list[Fault]:
@@ -84,29 +106,30 @@ def parse_faults(spec: str) -> list[Fault]:
         if (
             kind not in KINDS
             or partitions is None
-            or (at and not at.isdigit())
+            or (at and not _ONE.fullmatch(at))
             or (has_value and KINDS[kind] is None)
         ):
             raise ValueError(
                 f"entry '{item}' is not kind[=value]:partitions[@round], kind one of "
-                f"{', '.join(FAULT_KINDS)} (a value only where the kind takes one)"
+                f"{', '.join(FAULT_KINDS)} (a value only where the kind takes one; ids "
+                f"and rounds are decimal numbers of at most {MAX_DIGITS} digits, a range "
+                "low-high has low <= high)"
             )
         try:
             value = float(text) if has_value else KINDS[kind]
         except ValueError:
             raise ValueError(f"entry '{item}': '{text}' is not a number") from None
-        faults.append(Fault(kind, value, partitions, int(at) if at else None))
+        faults.append(Fault(kind, value, partitions, int(at) if at else None, item))
     return faults
 
 
-def _partitions(text: str) -> frozenset[int] | None:
-    """``3``, ``0-9`` or ``1+4+7`` as a set of ids; None if it is none of these."""
-    if text.isdigit():
-        return frozenset({int(text)})
-    low, dash, high = text.partition("-")
-    if dash and low.isdigit() and high.isdigit() and int(low) <= int(high):
-        return frozenset(range(int(low), int(high) + 1))
-    parts = text.split("+")
-    if len(parts) > 1 and all(p.isdigit() for p in parts):
-        return frozenset(int(p) for p in parts)
+def _partitions(text: str) -> tuple[range, ...] | None:
+    """``3``, ``0-9`` or ``1+4+7`` as ranges of ids; None if it is none of these."""
+    if _ONE.fullmatch(text):
+        return (range(int(text), int(text) + 1),)
+    if (bounds := _RANGE.fullmatch(text)) is not None:
+        low, high = int(bounds[1]), int(bounds[2])
+        return (range(low, high + 1),) if low <= high else None
+    if _LIST.fullmatch(text):
+        return tuple(range(int(p), int(p) + 1) for p in text.split("+"))
     return None

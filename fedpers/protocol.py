@@ -11,8 +11,13 @@ algorithm table's (``fedpers.algorithms``).
 
 from __future__ import annotations
 
+import hashlib
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import numpy as np
 
 # The model is split into a `body` (representation) and a `head`; an algorithm shares
 # a subset of these parts with the server and keeps the rest personal.
@@ -28,6 +33,7 @@ class Query(StrEnum):
 
     INFO = "info"  # partition id and sizes of a node
     INITIAL = "initial"  # the seeded initial shared arrays
+    SNAPSHOT = "snapshot"  # a resumed run's node restores its state: from which round
 
 
 def query_type(query: str) -> str:
@@ -39,6 +45,7 @@ def query_type(query: str) -> str:
 # ---- Message types beyond Flower's plain TRAIN / EVALUATE -------------------------
 QUERY_INFO = query_type(Query.INFO)
 QUERY_INITIAL = query_type(Query.INITIAL)
+QUERY_SNAPSHOT = query_type(Query.SNAPSHOT)
 
 # ---- Record names inside a message's RecordDict ----------------------------------
 ARRAYS = "arrays"
@@ -56,6 +63,7 @@ LR = "lr"
 UNSEEN = "unseen"  # 1: the node is an unseen client: adapt, then test
 ADAPT_FRACTION = "adapt-fraction"
 RUN_TOKEN = "run-token"  # a fresh run's identity, kept by its resumption (snapshot names)
+DIGEST = "digest"  # query.initial: 1 asks for the SHA-256 of the arrays (``arrays_digest``)
 
 # ---- Keys of the MetricRecord a client replies with -------------------------------
 NUM_EXAMPLES = "num-examples"
@@ -64,6 +72,28 @@ NUM_TEST = "num-test-examples"
 PARTITION_ID = "partition-id"
 LOSS = "loss"
 ACCURACY = "accuracy"
+SNAPSHOT_ROUND = "snapshot-round"  # the round of the snapshot restored (0: none)
+
+# The closed range of every metric above; a family declares its own metrics' ranges
+# (``FamilySpec.metric_ranges``). A reply with a value outside its range is rejected.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    NUM_EXAMPLES: (0.0, math.inf),
+    NUM_TRAIN: (0.0, math.inf),
+    NUM_TEST: (0.0, math.inf),
+    PARTITION_ID: (0.0, math.inf),
+    LOSS: (0.0, math.inf),
+    ACCURACY: (0.0, 1.0),
+}
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """SHA-256 (32 uint8) of named arrays: names, shapes, dtypes and bytes, by name. The
+    server's vote on the initial model counts these (``query.initial`` with ``DIGEST``)."""
+    digest = hashlib.sha256()
+    for name, values in sorted(arrays.items()):
+        digest.update(repr((name, tuple(values.shape), str(values.dtype))).encode())
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8).copy()
 
 
 # ---- Node config keys of a SuperNode (``--node-config``) ----------------------------

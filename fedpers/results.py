@@ -13,26 +13,37 @@ Every run writes ``<results-dir>/<run-name>/``:
 - PNG plots of the per-round metrics;
 - ``tensorboard/``: the same per-round metrics as TensorBoard event files (only with
   run-config ``tensorboard = true``);
-- ``run.json``: the run's token (a fresh run's identity, kept by a resumed run);
+- ``run.json``: the run's token (a fresh run's identity, kept by a resumed run, which
+  is refused without it: its checkpoint and its clients' snapshots carry the token);
 - ``.lock``: held (``flock``) by the ServerApp writing the directory, so two runs of
   one name cannot interleave their rounds.
+
+Every write into a run directory happens under its lock: a process that cannot take
+it writes nothing there (``failure.json`` included), a finished run (``summary.json``)
+is never given a ``failure.json``, and a write that fails (a full disk, a file system
+gone read-only) leaves no temporary file and lets the lock go. A run name is one path
+segment (``RUN_NAME``), so a run directory is a direct child of ``results-dir``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpers.atomic import write_text
+from fedpers.atomic import append_text, write_text
+from fedpers.checkpoint import ResumeError
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -44,6 +55,11 @@ SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.json"
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+RUN_NAME_RULE = (
+    "one path segment of 1 to 128 characters from A-Za-z0-9 . _ + -, "
+    "beginning with a letter or a digit"
+)
 
 
 @dataclass
@@ -56,7 +72,9 @@ class RoundRecord:
     dtype); ``evaluated`` counts the nodes whose evaluation was aggregated;
     ``train_seconds`` and ``evaluate_seconds`` split the round's wall time;
     ``clients`` holds each evaluated client's metrics by partition (written to
-    ``clients.jsonl``, not to ``rounds.jsonl``).
+    ``clients.jsonl``, not to ``rounds.jsonl``); ``trained`` lists the partitions whose
+    training reply came back without error, so whose device snapshot of the round was
+    written (the checkpoint keeps it, ``rounds.jsonl`` does not).
     """
 
     round: int
@@ -72,11 +90,13 @@ class RoundRecord:
     train_seconds: float = 0.0
     evaluate_seconds: float = 0.0
     clients: dict[str, dict[str, float]] = field(default_factory=dict)
+    trained: list[int] = field(default_factory=list)
 
     def without_clients(self) -> dict[str, Any]:
-        """The record as written to ``rounds.jsonl``."""
+        """The record as written to ``rounds.jsonl`` (without ``clients`` and
+        ``trained``)."""
         row = asdict(self)
-        del row["clients"]
+        del row["clients"], row["trained"]
         return row
 
 
@@ -84,9 +104,30 @@ class ResultsExistError(FileExistsError):
     """The run directory already holds results that a new run would overwrite."""
 
 
+def run_name_defect(run_name: str) -> str | None:
+    """Why ``run_name`` cannot name a run directory (``RUN_NAME``), or None if it can."""
+    if RUN_NAME.fullmatch(run_name):
+        return None
+    return (
+        f"run-config key 'run-name' = {run_name!r} must be {RUN_NAME_RULE} (so that the run "
+        "directory is a direct child of results-dir); choose such a name, or leave it "
+        "empty for <algorithm>-<dataset>-<time>"
+    )
+
+
 def run_directory(results_dir: str, run_name: str) -> Path:
-    """The absolute directory of a run (relative ``results_dir``: from the cwd)."""
-    return (Path(results_dir).expanduser() / run_name).resolve()
+    """The absolute directory of a run, a direct child of ``results_dir`` (relative: from
+    the cwd).
+
+    Raises
+    ------
+    ValueError
+        If ``run_name`` is not one safe path segment (``RUN_NAME``); the configuration
+        check refuses such a name first, this keeps any other caller inside too.
+    """
+    if (defect := run_name_defect(run_name)) is not None:
+        raise ValueError(defect)
+    return Path(results_dir).expanduser().resolve() / run_name
 
 
 class RunRecorder:
@@ -125,13 +166,21 @@ class RunRecorder:
         self.records: list[RoundRecord] = []
         self.started = time.monotonic()
         self._lock = -1
-        if resume_after is not None:
-            self._lock = _claim(directory)
-            self._reopen(config, resume_after)
-        else:
-            self._start(config)
-        if tensorboard:  # after the directory is this run's
-            self._board = open_tensorboard(directory / TENSORBOARD_DIR)
+        try:
+            if resume_after is not None:
+                self._lock = _claim(directory)
+                try:
+                    self._reopen(config, resume_after)
+                except ResumeError as error:
+                    self.fail(f"{type(error).__name__}: {error}")
+                    raise
+            else:
+                self._start(config)
+            if tensorboard:  # after the directory is this run's
+                self._board = open_tensorboard(directory / TENSORBOARD_DIR)
+        except BaseException:
+            self.release()  # a run that cannot start must not keep others out
+            raise
 
     def _start(self, config: Mapping[str, Any]) -> None:
         directory = self.directory
@@ -152,11 +201,25 @@ class RunRecorder:
             )
 
     def _reopen(self, config: Mapping[str, Any], resume_after: int) -> None:
-        """Continue a run: same configuration, rounds kept up to its checkpoint."""
+        """Continue a run: same configuration, its token, its rounds up to its checkpoint
+        (and the one round after it that a crash or a failed round left, dropped).
+
+        Raises
+        ------
+        ResumeError
+            If ``config.json`` or ``run.json`` is missing, the configuration differs, or
+            ``rounds.jsonl`` or ``clients.jsonl`` does not lead to the checkpoint; then
+            nothing is rewritten.
+        """
         # Imported where used: fedpers.reports builds this module's RoundRecord, so an
         # import at the top would be circular.
         from fedpers.reports import read_clients, read_config, read_rounds
 
+        if not (self.directory / CONFIG_FILE).is_file():
+            raise ResumeError(
+                f"cannot resume {self.directory}: its {CONFIG_FILE} is missing; restore it, "
+                "or start afresh (resume = false)"
+            )
         stored = read_config(self.directory)
         differing = sorted(
             key
@@ -164,28 +227,59 @@ class RunRecorder:
             if key != "resume" and stored.get(key) != config.get(key)
         )
         if differing:
-            raise ValueError(
+            raise ResumeError(
                 f"cannot resume {self.directory}: run-config key(s) {differing} differ from "
-                "the interrupted run's config.json"
+                f"the interrupted run's {CONFIG_FILE}; resume with its configuration"
             )
-        kept = [r for r in read_rounds(self.directory) if r.round <= resume_after]
-        lines = [_json_line(r.without_clients()) for r in kept]
-        write_text(self.directory / ROUNDS_FILE, "".join(lines))
+        self.token = read_token(self.directory)
+        try:
+            rounds = read_rounds(self.directory) if (self.directory / ROUNDS_FILE).exists() else []
+            rows = read_clients(self.directory)
+        except ValueError as error:  # a damaged line before the last: the error names it
+            raise ResumeError(
+                f"cannot resume {self.directory}: {error}; restore the file, or start "
+                "afresh (resume = false)"
+            ) from error
+        if defect := rounds_defect([r.round for r in rounds], resume_after):
+            raise ResumeError(
+                f"cannot resume {self.directory}: {ROUNDS_FILE} must hold rounds "
+                f"1..{resume_after} once each, in order (the checkpoint is of round "
+                f"{resume_after}), but {defect}; restore the run's own {ROUNDS_FILE}, or "
+                "start afresh (resume = false)"
+            )
+        if defect := clients_defect([row["round"] for row in rows], resume_after):
+            raise ResumeError(
+                f"cannot resume {self.directory}: {CLIENTS_FILE} {defect}; restore the "
+                f"run's own {CLIENTS_FILE}, or start afresh (resume = false)"
+            )
+        kept = rounds[:resume_after]
+        write_text(
+            self.directory / ROUNDS_FILE, "".join(_json_line(r.without_clients()) for r in kept)
+        )
         if (self.directory / CLIENTS_FILE).exists():
-            rows = [row for row in read_clients(self.directory) if row["round"] <= resume_after]
+            rows = [row for row in rows if row["round"] <= resume_after]
             write_text(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
         self.records = kept
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
-        run = self.directory / RUN_FILE
-        self.token = json.loads(run.read_text())["token"] if run.exists() else ""
 
     def fail(self, reason: str) -> None:
-        """Record why the run stopped early (``failure.json``); rounds so far stay."""
-        _write_json_atomic(
-            self.directory / FAILURE_FILE,
-            {"reason": strip_ansi(reason), "rounds_completed": len(self.records)},
-        )
-        self.release()
+        """Record why the run stopped early (``failure.json``); rounds so far stay.
+
+        Writes only while this recorder holds the lock and the run has no summary (a
+        ``fail`` after ``finish`` or a second ``fail`` only logs); a ``failure.json``
+        that cannot be written is logged. The lock is released in every case.
+        """
+        try:
+            if self._lock < 0:  # the caller raises the error itself: no need to shout
+                logger.debug(
+                    "%s: not recording the failure (%s): this run no longer holds the directory",
+                    self.directory,
+                    reason,
+                )
+                return
+            _record_failure(self.directory, reason, len(self.records))
+        finally:
+            self.release()
 
     def release(self) -> None:
         """Let another run write this directory (after ``finish`` or ``fail``)."""
@@ -198,14 +292,21 @@ class RunRecorder:
             self._lock = -1
 
     def record(self, record: RoundRecord) -> None:
-        """Append a round to ``rounds.jsonl`` and log its progress line."""
-        self.records.append(record)
+        """Append a round to ``rounds.jsonl`` and log its progress line.
+
+        Raises
+        ------
+        RuntimeError
+            If this recorder no longer holds the directory (after ``finish`` or ``fail``).
+        OSError
+            If a line cannot be written; the files keep their earlier rounds, whole.
+        """
+        self._check_held("record a round")
         if record.clients:
-            with (self.directory / CLIENTS_FILE).open("a") as handle:
-                handle.write(_json_line({"round": record.round, "clients": record.clients}))
-        with (self.directory / ROUNDS_FILE).open("a") as handle:
-            handle.write(_json_line(record.without_clients()))
-            handle.flush()
+            line = _json_line({"round": record.round, "clients": record.clients})
+            append_text(self.directory / CLIENTS_FILE, line)
+        append_text(self.directory / ROUNDS_FILE, _json_line(record.without_clients()))
+        self.records.append(record)
         if self._board is not None:
             for section in ("train", "evaluate", "server"):
                 for key, value in getattr(record, section).items():
@@ -243,23 +344,36 @@ class RunRecorder:
         )
 
     def finish(self, summary: Mapping[str, Any], plots: Iterable[str] = ()) -> dict[str, Any]:
-        """Write ``summary.json`` and one PNG per metric in ``plots``."""
+        """Write ``summary.json`` and one PNG per metric in ``plots``, then release the
+        directory. If a write fails, the failure is recorded (``fail``) and raised."""
+        self._check_held("finish")
         final = {
             **summary,
             "rounds": len(self.records),
             "wall_seconds": time.monotonic() - self.started,
         }
-        _write_json_atomic(self.directory / SUMMARY_FILE, final)
-        self.release()
-        from fedpers.reports import plot_rounds  # where used, as in _reopen
+        try:
+            _write_json_atomic(self.directory / SUMMARY_FILE, final)
+            from fedpers.reports import plot_rounds  # where used, as in _reopen
 
-        for metric in plots:
-            plot_rounds(
-                [(self.name, self.records)],
-                metric,
-                self.directory / f"{metric.replace('.', '_')}.png",
-            )
+            for metric in plots:
+                plot_rounds(
+                    [(self.name, self.records)],
+                    metric,
+                    self.directory / f"{metric.replace('.', '_')}.png",
+                )
+        except BaseException as error:
+            self.fail(f"{type(error).__name__}: {error}")
+            raise
+        self.release()
         return final
+
+    def _check_held(self, action: str) -> None:
+        if self._lock < 0:
+            raise RuntimeError(
+                f"cannot {action} in {self.directory}: this recorder released the "
+                "directory (after finish or fail); start a new RunRecorder"
+            )
 
 
 TENSORBOARD_DIR = "tensorboard"
@@ -284,11 +398,114 @@ def open_tensorboard(logdir: Path) -> Any:
     return SummaryWriter(log_dir=str(logdir))
 
 
-def write_failure(directory: Path, reason: str) -> None:
-    """Write ``failure.json`` for a run that stopped before it had a recorder."""
-    _write_json_atomic(
-        directory / FAILURE_FILE, {"reason": strip_ansi(reason), "rounds_completed": 0}
-    )
+def write_failure(directory: Path, reason: str) -> bool:
+    """Write ``failure.json`` for a run that stopped before it had a recorder, under the
+    directory's lock.
+
+    Nothing is written into a directory that another run holds, nor into a finished
+    run (``summary.json``); a write that fails is logged. Never raises: the caller is
+    already handling the error that stopped the run.
+
+    Returns
+    -------
+    bool
+        Whether ``failure.json`` was written.
+    """
+    try:
+        lock = _claim(directory)
+    except (ResultsExistError, OSError) as error:
+        logger.warning("%s: not recording the failure (%s): %s", directory, reason, error)
+        return False
+    try:
+        return _record_failure(directory, reason, 0)
+    finally:
+        os.close(lock)
+
+
+def _record_failure(directory: Path, reason: str, rounds_completed: int) -> bool:
+    """``failure.json``, by the holder of the lock; not over a finished run."""
+    if (directory / SUMMARY_FILE).exists():
+        logger.warning("%s holds a finished run: not recording the failure (%s)", directory, reason)
+        return False
+    try:
+        _write_json_atomic(
+            directory / FAILURE_FILE,
+            {"reason": strip_ansi(reason), "rounds_completed": rounds_completed},
+        )
+    except OSError as error:
+        logger.error("%s: cannot write %s (%s): %s", directory, FAILURE_FILE, error, reason)
+        return False
+    return True
+
+
+def read_token(directory: Path) -> str:
+    """The token of the run in ``directory`` (its ``run.json``), which its checkpoint
+    and its clients' snapshots must carry.
+
+    Raises
+    ------
+    ResumeError
+        If ``run.json`` is missing, not a regular file, or holds no token.
+    """
+    path = directory / RUN_FILE
+    if path.is_symlink() or not path.is_file():
+        raise ResumeError(
+            f"cannot resume {directory}: {path} is missing (or not a regular file), and "
+            "with it the run's token, so neither its checkpoint nor its clients' snapshots "
+            "can be told from another run's; restore run.json, or start afresh "
+            "(resume = false)"
+        )
+    try:
+        token = json.loads(path.read_text())["token"]
+    except (ValueError, KeyError, TypeError):
+        token = None
+    if not isinstance(token, str) or not token:
+        raise ResumeError(
+            f"cannot resume {directory}: {path} holds no run token; restore run.json, or "
+            "start afresh (resume = false)"
+        )
+    return token
+
+
+def rounds_defect(rounds: list[int], checkpoint_round: int) -> str | None:
+    """Why ``rounds`` (``rounds.jsonl``'s, in file order) cannot precede a resume after
+    ``checkpoint_round``; None if they are rounds ``1..checkpoint_round``, once each and
+    in order, followed by at most round ``checkpoint_round + 1``.
+
+    That one more round is what a crash leaves (a round's line is written before its
+    checkpoint) and what a round below ``min-replies`` leaves (recorded, never
+    checkpointed); the resume runs it again and drops the old line. Any further line
+    means the checkpoint is older than the rounds (restored from a copy, its round
+    edited): resuming would compute again, differently, rounds the file holds.
+    """
+    allowed = checkpoint_round + 1
+    for line, number in enumerate(rounds, start=1):
+        if line > allowed:
+            return (
+                f"rounds {rounds[allowed:]} follow round {allowed}, and only the one round "
+                "after the checkpoint, which it interrupted, may"
+            )
+        if number == line:
+            continue
+        if number in rounds[: line - 1]:
+            return f"round {number} appears twice"
+        if line in rounds[line:]:
+            return f"round {number} comes before round {line}"
+        return f"round {line} is missing"
+    if len(rounds) < checkpoint_round:
+        return f"it ends after round {len(rounds)}" if rounds else "it holds no round"
+    return None
+
+
+def clients_defect(rounds: list[int], checkpoint_round: int) -> str | None:
+    """Why ``rounds`` (``clients.jsonl``'s, one per evaluated round) cannot precede a
+    resume after ``checkpoint_round``: they must increase, up to at most the round after
+    it (the one a crash interrupted)."""
+    if any(later <= earlier for earlier, later in itertools.pairwise(rounds)):
+        return f"holds rounds {rounds}, not increasing"
+    if rounds and rounds[-1] > checkpoint_round + 1:
+        return f"holds round {rounds[-1]}, after round {checkpoint_round + 1}"
+    return None
 
 
 def metric_value(record: RoundRecord, metric: str) -> float:
@@ -325,6 +542,33 @@ def _claim(directory: Path) -> int:
             f"another run is writing {directory} right now; choose another run-name"
         ) from None
     return handle
+
+
+@contextmanager
+def holding_every_run(root: Path) -> Iterator[None]:
+    """Hold the lock of every run directory under ``root`` for the block (to delete the
+    tree while no run can write in it).
+
+    Raises
+    ------
+    ResultsExistError
+        If a run is writing one of them now, naming its directory; no lock is kept.
+    """
+    held: list[int] = []
+    try:
+        for lock in sorted(root.rglob(LOCK_FILE)):
+            handle = os.open(lock, os.O_RDWR)
+            held.append(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ResultsExistError(
+                    f"a run is writing {lock.parent} right now (it holds {lock})"
+                ) from None
+        yield
+    finally:
+        for handle in held:
+            os.close(handle)
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

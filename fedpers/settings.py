@@ -68,8 +68,8 @@ def within(key: str, value: float, interval: str) -> None:
 
 
 def at_least(key: str, value: float, low: float) -> None:
-    """Check ``value >= low``."""
-    if value < low:
+    """Check ``value >= low`` (NaN is not)."""
+    if not value >= low:
         raise ConfigError(f"run-config key '{key}' = {value} must be at least {low}.")
 
 

@@ -168,7 +168,7 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
     """
     from flwr.common.config import parse_config_args
 
-    from fedpers.config import schema
+    from fedpers.config import ConfigError, run_config_table, schema
 
     values: dict[str, Any] = {}
     for item in items:
@@ -176,10 +176,13 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
         if item.endswith(".toml") or path.is_file():
             try:
                 with path.open("rb") as handle:
-                    table = tomllib.load(handle)
+                    document = tomllib.load(handle)
             except (OSError, tomllib.TOMLDecodeError) as error:
                 raise SystemExit(f"error: --run-config {item}: {error}") from None
-            table = table.get("tool", {}).get("flwr", {}).get("app", {}).get("config", table)
+            try:
+                table = run_config_table(document, item)
+            except ConfigError as error:
+                raise SystemExit(f"error: --run-config {error}") from None
             given = {k: v for k, v in table.items() if k != "description"}
         else:
             try:

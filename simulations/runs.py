@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedpers.results import ResultsExistError, holding_every_run
 from fedpers.simulations.flags import parallelism, resources
 
 
@@ -25,6 +26,7 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
             config = resolved_config(overrides)
         except ConfigError as error:
             raise SystemExit(f"error: {error}") from error
+        _check_directories(config.results_dir, config.run_name, config.data_root)
         if config.tensorboard:
             try:
                 import tensorboard  # noqa: F401
@@ -42,12 +44,30 @@ def validate_runs(runs: Sequence[Mapping[str, Any]]) -> None:
                 raise SystemExit(f"error: {error}") from error
 
 
+def _check_directories(results_dir: str, run_name: str, data_root: str) -> None:
+    """Refuse a results-dir (or run directory) or data-root that exists and is not a
+    directory: the ServerApp, or every client (data-root also caches generated data),
+    would fail to use it only after Flower and Ray started."""
+    paths = [("results-dir", results_dir, Path(results_dir))]
+    paths.append(("results-dir", results_dir, Path(results_dir) / run_name))
+    if data_root:
+        paths.append(("data-root", data_root, Path(data_root)))
+    for key, value, path in paths:
+        if path.exists() and not path.is_dir():
+            raise SystemExit(
+                f"error: run-config key '{key}' = '{value}': {path} exists and is not a "
+                f"directory; choose another {key}{' (or run-name)' * (path.name == run_name)}"
+                ", or move that file away"
+            )
+
+
 MARKER = ".fedpers-results"  # in every output directory a script made
 
 
 def prepare_output(out: Path, *, overwrite: bool) -> Path:
     """Create ``out``; refuse to clobber earlier results unless ``overwrite``, and then
-    delete only a directory that a fedpers script made (it holds ``MARKER``).
+    delete only a directory that a fedpers script made (it holds ``MARKER``) and in which
+    no run is writing (no run directory's lock is held).
 
     Called before any run starts, so a wrong directory costs nothing.
     """
@@ -64,7 +84,14 @@ def prepare_output(out: Path, *, overwrite: bool) -> Path:
                 f"and {out} is not one (it has no {MARKER}); remove it yourself or choose "
                 "another --out"
             )
-        shutil.rmtree(out)
+        try:
+            with holding_every_run(out):  # no run starts writing there while it goes
+                shutil.rmtree(out)
+        except ResultsExistError as error:
+            raise SystemExit(
+                f"error: --overwrite would delete {out}, but {error}; wait until that run "
+                "ends (or stop it), or choose another --out"
+            ) from None
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("made by a fedpers script; --overwrite may delete this folder\n")
     return out

@@ -78,11 +78,10 @@ class FedpersStrategy(Strategy):
         self.run = run
         self.spec = run.spec
         self.shared = self.spec.shared
-        self.federation = Federation(run.num_clients)
+        self.federation = Federation(run.num_clients, weight_cap=run.weight_cap)
         self.evaluate_nodes = run.family.evaluates_clients
-        first_unseen = run.num_clients - round(run.unseen_fraction * run.num_clients)
-        self.seen = list(range(first_unseen))
-        self.unseen = list(range(first_unseen, run.num_clients))
+        self.seen = list(range(run.seen_clients))
+        self.unseen = list(range(run.seen_clients, run.num_clients))
         self._startup_rejections: list[str] = []
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
@@ -90,29 +89,59 @@ class FedpersStrategy(Strategy):
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
-        """The shared parts of the seeded initial model, as the nodes build it.
+        """The shared parts of the seeded initial model, as a majority of the nodes build
+        it.
 
         Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start. Three nodes are asked, and the arrays that two of
-        them agree on to the bit are used (all nodes are asked if those three do not
-        agree): one node cannot choose the start.
+        code (and no torch) to start. Every node is asked for the SHA-256 of what it
+        builds (32 bytes, ``protocol.arrays_digest``); the digest that more than half of
+        the registered nodes give is the model, and the arrays come from the first node
+        of that majority whose arrays have it. No minority of nodes can choose the start
+        (three nodes were asked before: two colluders chose it).
+
+        Raises
+        ------
+        PopulationError
+            If no digest has a majority, or no node of the majority sends its arrays.
         """
         if not self.shared:
             return ArrayRecord()
         everyone = sorted(self.federation.node_of_partition)
-        answers = self.startup(grid, protocol.QUERY_INITIAL, everyone[:3], RecordDict(), timeout)
-        agreed = _agreeing(answers)
-        if len(agreed) < 2 and len(everyone) > 3:
-            more = self.startup(grid, protocol.QUERY_INITIAL, everyone[3:], RecordDict(), timeout)
-            agreed = _agreeing({**answers, **more})
-            answers.update(more)
-        if len(everyone) > 1 and len(agreed) < 2:
+        ask = RecordDict({protocol.CONFIG: ConfigRecord({protocol.DIGEST: 1})})
+        digests = self.startup(
+            grid, protocol.QUERY_INITIAL, everyone, ask, timeout, check=_digest_defect
+        )
+        majority = _majority(digests, len(everyone))
+        if not majority:
             raise PopulationError(
-                "no two nodes built the same initial model from the same seed; check that "
-                "every node runs the same fedpers version and run config"
+                f"no digest of the initial model is given by more than half of the "
+                f"{len(everyone)} nodes; check that every node runs the same fedpers "
+                "version and run config"
             )
-        chosen = answers[agreed[0]]
-        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in chosen.items()})
+        wanted = digests[majority[0]][protocol.DIGEST]
+        for partition in sorted(set(digests) - set(majority)):
+            self.reject_at_startup(
+                partition,
+                f"{protocol.QUERY_INITIAL}: its initial model is not the one the majority "
+                f"of the {len(everyone)} nodes builds",
+            )
+        for partition in majority:
+            try:
+                answer = self.startup(
+                    grid, protocol.QUERY_INITIAL, [partition], RecordDict(), timeout
+                )
+            except PopulationError:
+                continue  # recorded as a start-up rejection
+            arrays = answer[partition]
+            if np.array_equal(protocol.arrays_digest(arrays), wanted):
+                return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+            self.reject_at_startup(
+                partition, f"{protocol.QUERY_INITIAL}: its arrays differ from its digest"
+            )
+        raise PopulationError(
+            "no node of the majority sent the initial arrays of its digest; "
+            f"{self._startup_rejections[:3]}"
+        )
 
     def startup(
         self,
@@ -165,7 +194,7 @@ class FedpersStrategy(Strategy):
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
         """Partition ids trained in ``server_round`` (seeded, sorted; seen clients only)."""
-        count = max(1, round(self.run.fraction_train * len(self.seen)))
+        count = self.run.clients_per_round
         chosen = rng(self.run.seed, "sample", server_round).choice(self.seen, count, replace=False)
         return sorted(int(p) for p in chosen)
 
@@ -360,21 +389,52 @@ class FedpersStrategy(Strategy):
         """Training replies fit to aggregate (``kept``), and the others with why: the
         loop's step between the exchange and ``aggregate_train``.
 
-        No reply weighs more than its node holds: ``num-examples`` is capped at the
-        training samples the node reported when it registered (``notes``). Replies of
+        No reply weighs more than ``Federation.weight_bounds`` allows: what its node
+        registered, and ``weight-cap`` times the lower median of all registered sizes.
+        A capped reply is scaled as a whole (``scaled_arrays``) and noted. Replies of
         weight zero are kept but do not count as usable (``min-replies``).
         """
         screened = screening.screen(replies, self.checks(), self.federation.partition)
-        notes = []
-        for reply in screened.kept:
-            partition = self.federation.partition(reply)
-            held = self.federation.train_sizes.get(partition)
-            if held is not None and screening.num_examples(reply) > held:
-                metrics = reply.content.metric_records[protocol.METRICS]
-                claimed = metrics[protocol.NUM_EXAMPLES]
-                notes.append((partition, f"num-examples {claimed} capped at {held}"))
-                metrics[protocol.NUM_EXAMPLES] = float(held)
+        return self.bounded(screened, test=False)
+
+    def screen_evaluate(self, server_round: int, replies: Iterable[Message]) -> screening.Screened:
+        """Evaluation replies fit to aggregate, and the others with why: every reply
+        passes ``defect`` and ``weight_defect`` before anything reads it, and weighs at
+        most ``Federation.weight_bounds`` of the test sizes."""
+        checks = [screening.defect, screening.weight_defect]
+        screened = screening.screen(replies, checks, self.federation.partition)
+        return self.bounded(screened, test=True)
+
+    def bounded(self, screened: screening.Screened, *, test: bool) -> screening.Screened:
+        """``screened`` with every kept reply's ``num-examples`` capped at its bound, the
+        arrays that scale with it (``scaled_arrays``) scaled alike, and a note of each."""
+        partitions = [self.federation.partition(reply) for reply in screened.kept]
+        bounds = self.federation.weight_bounds(partitions, test=test)
+        notes = list(screened.notes)
+        for partition, reply in zip(partitions, screened.kept, strict=True):
+            claimed = screening.num_examples(reply)
+            if not claimed > bounds[partition]:
+                continue
+            held = bounds[partition]
+            reply.content.metric_records[protocol.METRICS][protocol.NUM_EXAMPLES] = float(held)
+            self.scale_arrays(reply, held / claimed)
+            notes.append((partition, f"num-examples {claimed!r} capped at {_count(held)}"))
         return screening.Screened(screened.kept, screened.rejected, notes)
+
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """Arrays of a training reply that are sums over its samples (FedEM's
+        responsibilities, FedGMM's statistics): scaled with a capped weight."""
+        return ()
+
+    def scale_arrays(self, reply: Message, factor: float) -> None:
+        """Scale the ``scaled_arrays`` of ``reply`` by ``factor`` (in place)."""
+        arrays = reply.content.array_records.get(protocol.ARRAYS)
+        if arrays is None:
+            return
+        for name in self.scaled_arrays():
+            if name in arrays:
+                values = arrays[name].numpy()
+                arrays[name] = Array(np.ascontiguousarray(values * factor).astype(values.dtype))
 
     def configure_train_rejections(self, server_round: int) -> tuple[str, ...]:
         """Answers left out while configuring training, with why: none here; a strategy
@@ -451,16 +511,32 @@ class FedpersStrategy(Strategy):
         )
 
 
-def _agreeing(answers: dict[int, dict[str, np.ndarray]]) -> list[int]:
-    """The largest group of partitions whose answers are equal to the bit."""
-    votes: dict[bytes, list[int]] = {}
-    for partition, arrays in answers.items():
-        digest = b"".join(
-            name.encode() + repr((v.shape, str(v.dtype))).encode() + v.tobytes()
-            for name, v in sorted(arrays.items())
+def _count(value: float) -> str:
+    """A sample count as a note shows it: whole numbers without a fraction."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _digest_defect(reply: Message) -> str | None:
+    """Why a ``query.initial`` digest answer is not one SHA-256 (32 uint8), or None."""
+    arrays = screening.arrays_of(reply)
+    digest = arrays.get(protocol.DIGEST)
+    if set(arrays) != {protocol.DIGEST} or digest is None:
+        return (
+            f"arrays {sorted(map(screening.shown, arrays))[:3]}, expected only '{protocol.DIGEST}'"
         )
-        votes.setdefault(digest, []).append(partition)
-    return max(votes.values(), key=len) if votes else []
+    if digest.shape != (32,) or digest.dtype != np.uint8:
+        return f"'{protocol.DIGEST}' is {digest.dtype}{list(digest.shape)}, not uint8[32]"
+    return None
+
+
+def _majority(answers: dict[int, dict[str, np.ndarray]], voters: int) -> list[int]:
+    """The partitions (sorted) whose digests are equal and more than half of ``voters``,
+    or none: each partition's node votes once."""
+    votes: dict[bytes, list[int]] = {}
+    for partition, arrays in sorted(answers.items()):
+        votes.setdefault(arrays[protocol.DIGEST].tobytes(), []).append(partition)
+    best = max(votes.values(), key=len, default=[])
+    return best if 2 * len(best) > voters else []
 
 
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:

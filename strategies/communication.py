@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
@@ -94,17 +94,21 @@ def _test(
 
 def _accuracies(exchange: Exchange) -> tuple[dict[tuple[int, int], float], float]:
     """Accuracy of every directed edge ``(sender, receiver)``, and the mean over the
-    receivers of their (finite) accuracy."""
+    receivers of their accuracy, from the replies that pass ``screening.defect`` (an
+    agent with no neighbour to decode reports a NaN accuracy and no edge: left out)."""
     edges: dict[tuple[int, int], float] = {}
     per_receiver = []
-    for receiver, content in exchange.ok().items():
-        values = content.metric_records[protocol.METRICS]
+    for receiver, reply in exchange.replies.items():
+        if (reason := screening.defect(reply)) is not None:
+            if not reply.has_error():
+                logger.warning("communication test leaves agent %d out: %s", receiver, reason)
+            continue
+        values = reply.content.metric_records.get(protocol.METRICS, MetricRecord())
         for key, value in values.items():
             if (source := sheaf_family.edge_sender(key)) is not None:
                 edges[(source, receiver)] = records.number(value, key)
-        accuracy = records.number(values[protocol.ACCURACY], protocol.ACCURACY)
-        if np.isfinite(accuracy):
-            per_receiver.append(accuracy)
+        if protocol.ACCURACY in values:
+            per_receiver.append(records.number(values[protocol.ACCURACY], protocol.ACCURACY))
     return edges, float(np.mean(per_receiver)) if per_receiver else float("nan")
 
 

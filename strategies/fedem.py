@@ -65,6 +65,10 @@ class FedEM(FedpersStrategy):
         }
         return {**learners, mixture_family.GAMMA: ((self.components, self.learners), "float64")}
 
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """``gamma_c`` sums over the client's samples: a capped weight scales it."""
+        return (mixture_family.GAMMA,)
+
     def checks(self) -> list[screening.Check]:
         """FedpersStrategy's, then the responsibilities' invariants."""
         return [*super().checks(), self.responsibilities_defect]

@@ -58,15 +58,22 @@ class Federation:
     ----------
     num_nodes : int
         Partitions ``0..num_nodes-1`` the run expects, one node each.
+    weight_cap : float
+        The largest weight of one reply, in multiples of the lower median of the sizes
+        the nodes registered (``weight_bound``; run-config ``weight-cap``).
     """
 
-    def __init__(self, num_nodes: int) -> None:
+    def __init__(self, num_nodes: int, *, weight_cap: float = math.inf) -> None:
         self.num_nodes = num_nodes
+        self.weight_cap = weight_cap
         self.node_of_partition: dict[int, int] = {}
         self.partition_of_node: dict[int, int] = {}
         self.train_sizes: dict[int, int] = {}
         self.test_sizes: dict[int, int] = {}
         self.registered_at = float("nan")  # time.time() when all nodes were seen
+        self.missed: set[int] = set()  # partitions whose node missed its last message
+        self.claims: dict[int, int] = {}  # node -> partition it claims, not yet granted
+        self._notes: list[str] = []
 
     # ------------------------------------------------------------------ population
     def connect(
@@ -132,19 +139,64 @@ class Federation:
             sum(self.test_sizes.values()),
         )
 
+    def weight_bounds(self, partitions: Iterable[int], *, test: bool = False) -> dict[int, float]:
+        """The most a reply of each of ``partitions`` may weigh: the training (``test``:
+        test) samples its node registered, and at most ``weight_cap`` times the lower
+        median of what all nodes registered.
+
+        The node's own claim alone bounds nothing (it may claim 1e12 samples). The lower
+        median (the ``(n+1)//2``-th smallest) is set by the honest nodes while they are
+        a majority, so no minority can raise it; at least 1, so that a federation whose
+        nodes mostly hold nothing still counts the others. Without registered sizes (a
+        strategy used without ``connect``) nothing is bounded.
+        """
+        sizes = self.test_sizes if test else self.train_sizes
+        if not sizes:
+            return dict.fromkeys(partitions, math.inf)
+        typical = max(1.0, float(sorted(sizes.values())[(len(sizes) - 1) // 2]))
+        cap = self.weight_cap * typical
+        return {p: min(sizes.get(p, math.inf), cap) for p in partitions}
+
     def refresh(self, grid: Grid, *, timeout: float) -> None:
-        """Learn the partition of nodes that registered since ``connect``.
+        """Learn the partition of nodes that registered since ``connect``, and let one
+        take its partition over only under the takeover rule.
 
         A SuperNode that restarts without node authentication comes back under a new
         node id; sending to the old id would time out every round. Nodes with the same
-        id (authenticated restarts, simulation) need nothing.
+        id (authenticated restarts, simulation) need nothing. The rule: a new node takes
+        a partition over only when the partition's node is gone (no longer registered)
+        or missed its last message (no reply, or an error). A node that claims the
+        partition of a node that still answers is ignored, with a note
+        (``take_notes``), and asked again at the next refresh.
         """
-        new = sorted(set(grid.get_node_ids()) - set(self.partition_of_node))
+        current = set(grid.get_node_ids())
+        new = sorted(current - set(self.partition_of_node) - set(self.claims))
         for node_id, reply in self._info(grid, new, timeout=timeout, strict=False):
-            partition, _, _ = _info_metrics(reply)
+            self.claims[node_id], _, _ = _info_metrics(reply)
+        for node_id, partition in sorted(self.claims.items()):
             old = self.node_of_partition.get(partition)
-            self._assign(partition, node_id)
-            logger.info("partition %d is now served by node %d (was %s)", partition, node_id, old)
+            if node_id not in current:
+                del self.claims[node_id]
+            elif old is None or old not in current or partition in self.missed:
+                del self.claims[node_id]
+                self._assign(partition, node_id)
+                self.missed.discard(partition)
+                logger.info(
+                    "partition %d is now served by node %d (was %s)", partition, node_id, old
+                )
+            else:
+                note = (
+                    f"partition {partition}: node {node_id} claims it while node {old} still "
+                    "answers; ignored (a partition changes node only after its node missed "
+                    "a message)"
+                )
+                logger.warning("%s", note)
+                self._notes.append(note)
+
+    def take_notes(self) -> list[str]:
+        """What ``refresh`` refused since the last call, for the round's rejections."""
+        notes, self._notes = self._notes, []
+        return notes
 
     def _assign(self, partition: int, node_id: int) -> None:
         old = self.node_of_partition.get(partition)
@@ -235,12 +287,15 @@ class Federation:
         by_node = {r.metadata.src_node_id: r for r in send_and_collect(grid, outgoing, timeout)}
         for partition, node in zip(partitions, self.nodes(partitions), strict=True):
             reply = by_node.get(node)
+            self.missed.add(partition)
             if reply is None:
                 result.failures[partition] = f"no reply within {timeout:g} s"
                 continue
             result.replies[partition] = reply
             if reply.has_error():
                 result.failures[partition] = f"client error: {one_line(reply.error.reason)}"
+            else:
+                self.missed.discard(partition)
         return result
 
     def exchange(

@@ -69,6 +69,15 @@ class FedGMM(FedEM):
             mixture_family.STATS_SECOND: (covariances, "float64"),
         }
 
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """FedEM's, and the statistics (sums over the samples, like ``gamma_c``)."""
+        return (
+            *super().scaled_arrays(),
+            mixture_family.STATS_COUNT,
+            mixture_family.STATS_FIRST,
+            mixture_family.STATS_SECOND,
+        )
+
     def checks(self) -> list[screening.Check]:
         """FedEM's, then the statistics' invariants."""
         return [*super().checks(), self.statistics_defect]
@@ -81,12 +90,36 @@ class FedGMM(FedEM):
         count = arrays[mixture_family.STATS_COUNT]
         if not np.allclose(count, arrays[mixture_family.GAMMA].sum(axis=1), rtol=1e-6, atol=1e-6):
             return "statistics counts differ from the responsibilities"
-        return screening.statistics_defect(
-            count,
-            arrays[mixture_family.STATS_FIRST],
-            arrays[mixture_family.STATS_SECOND],
-            full=self.covariance == GmmCovariance.FULL,
+        second = arrays[mixture_family.STATS_SECOND]
+        full = self.covariance == GmmCovariance.FULL
+        reason = screening.statistics_defect(
+            count, arrays[mixture_family.STATS_FIRST], second, full=full
         )
+        return reason or self.spread_defect(count, second)
+
+    def spread_defect(self, count: np.ndarray, second: np.ndarray) -> str | None:
+        """Why a reply's statistics spread farther than any data near the components the
+        server sent, or None: per component, the mean squared distance of its samples to
+        the component's mean (``trace(second) / count``) may be at most
+        ``screening.HUGE`` times the component's variance (the trace of its covariance).
+
+        Second moments scaled by 1e300, or samples shifted by 1e6, were adopted before:
+        finite and PSD, they pass every other check. The mean offset is bounded too,
+        since its square is at most that mean squared distance.
+        """
+        sent = self.current[mixture_family.GMM_COVARIANCES].numpy()
+        full = self.covariance == GmmCovariance.FULL
+        variance = np.trace(sent, axis1=-2, axis2=-1) if full else sent.sum(axis=-1)
+        scatter = np.trace(second, axis1=-2, axis2=-1) if full else second.sum(axis=-1)
+        for k in np.flatnonzero(count > 0):
+            spread = float(scatter[k] / count[k])
+            bound = screening.HUGE * max(float(variance[k]), 1e-12)
+            if not spread <= bound:
+                return (
+                    f"statistics of component {k} spread {spread:.3g} (mean squared "
+                    f"distance), beyond {screening.HUGE:g} x its variance {variance[k]:.3g}"
+                )
+        return None
 
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """FedEM's, and every covariance positive definite."""
@@ -177,11 +210,14 @@ class FedGMM(FedEM):
         return [answers[p] for p in sorted(answers)]
 
     def _held(self, reply: Message, count: float) -> str | None:
-        held = self.federation.train_sizes.get(self.federation.partition(reply))
+        """Why a start-up answer's ``count`` of samples cannot be its node's: negative,
+        or more than its weight bound (``Federation.weight_bounds``)."""
+        partition = self.federation.partition(reply)
+        held = self.federation.weight_bounds([partition])[partition]
         if not count >= 0:
             return "a negative count"
-        if held is not None and count > held * (1 + 1e-9):
-            return f"counts of {count:g} samples, more than the {held} it holds"
+        if count > held * (1 + 1e-9):
+            return f"counts of {count:g} samples, more than the {held:g} it may hold"
         return None
 
     def _pca_defect(self, reply: Message) -> str | None:

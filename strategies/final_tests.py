@@ -19,8 +19,9 @@ from flwr.serverapp import Grid
 from fedpers import protocol, records
 from fedpers.families import personalized as personalized_family
 from fedpers.protocol import UnseenTest
+from fedpers.strategies import screening
 from fedpers.strategies.federation import Federation
-from fedpers.strategies.rounds import per_client
+from fedpers.strategies.rounds import per_client, screened_replies
 
 
 class Evaluator(Protocol):
@@ -32,6 +33,10 @@ class Evaluator(Protocol):
     def evaluate_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
     ) -> dict[int, RecordDict]: ...
+
+    def screen_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> screening.Screened: ...
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -90,12 +95,13 @@ def _accuracy(
     """The test-weighted accuracy of the clients that received ``contents``, and each
     one's own accuracy by partition."""
     exchange = strategy.federation.exchange(grid, MessageType.EVALUATE, contents, timeout=timeout)
-    metrics = strategy.aggregate_evaluate(server_round, exchange.replies.values())
+    kept, _ = screened_replies(strategy, server_round, exchange.replies)
+    metrics = strategy.aggregate_evaluate(server_round, kept.values())
     clients = {
         partition: values[protocol.ACCURACY]
-        for partition, values in per_client(exchange.replies).items()
+        for partition, values in per_client(kept).items()
         if protocol.ACCURACY in values
     }
-    if metrics is None:
+    if metrics is None or protocol.ACCURACY not in metrics:
         return None, clients
     return records.number(metrics[protocol.ACCURACY], protocol.ACCURACY), clients

@@ -103,7 +103,14 @@ class PeerRelay(FedpersStrategy):
             for arrays in record.array_records.values():
                 self._count(server_round, arrays.count_bytes())
         if not self.pilot_count:
-            self.pilot_count = _most_common_rows(exchange.ok().values())
+            self.pilot_count = _agreed_rows(exchange.ok().values(), asked=len(contents))
+            if not self.pilot_count:
+                reason = (
+                    f"{message_type}: no majority of the {len(contents)} agents asked agrees "
+                    "on the number of pilots; no pilots are relayed this round"
+                )
+                logger.warning("round %d: %s", server_round, reason)
+                self._relay_rejections.setdefault(server_round, []).append(reason)
         good: dict[int, dict[str, np.ndarray]] = {}
         for agent, reply in exchange.replies.items():
             relayed = functools.partial(self._relay_defect, expected=expected(agent))
@@ -296,11 +303,12 @@ class PeerRelay(FedpersStrategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values."""
-        replies = list(replies)
+        """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values
+        of the replies that pass ``screen_evaluate`` (the loop passes only those)."""
+        replies = list(self.screen_evaluate(server_round, replies).kept)
         for reply in replies:
-            if not reply.has_error():
-                accuracy = reply.content.metric_records[protocol.METRICS][protocol.ACCURACY]
+            accuracy = reply.content.metric_records[protocol.METRICS].get(protocol.ACCURACY)
+            if accuracy is not None:
                 self.private_accuracy[self.federation.partition(reply)] = records.number(accuracy)
         return super().aggregate_evaluate(server_round, replies)
 
@@ -339,16 +347,27 @@ class NonCooperative(PeerRelay):
     whitening_modes = (sheaf_family.Whitening.TRAIN, sheaf_family.Whitening.PILOTS)
 
 
-def _most_common_rows(contents: Iterable[RecordDict]) -> int:
-    """The row count most pilot-like arrays declare (maps excluded): the number of
-    pilots, which every honest agent shares."""
-    rows = [
-        array.shape[0]
-        for content in contents
-        for name, array in content.array_records.get(protocol.ARRAYS, ArrayRecord()).items()
-        if len(array.shape) == 2 and not name.startswith(sheaf_family.MAP + ".")
-    ]
-    return Counter(rows).most_common(1)[0][0] if rows else 0
+def _agreed_rows(contents: Iterable[RecordDict], *, asked: int) -> int:
+    """The number of pilots, as a strict majority of the ``asked`` agents give it, or 0.
+
+    Each agent votes once: with the row count its pilot-like arrays (maps excluded) all
+    share; an agent whose arrays disagree, or that sent none, does not vote. One agent
+    sending many arrays has one vote, so no minority sets the count, for good, that
+    every honest agent would then be rejected by.
+    """
+    votes: Counter[int] = Counter()
+    for content in contents:
+        rows = {
+            array.shape[0]
+            for name, array in content.array_records.get(protocol.ARRAYS, ArrayRecord()).items()
+            if len(array.shape) == 2 and not name.startswith(sheaf_family.MAP + ".")
+        }
+        if len(rows) == 1:
+            votes[rows.pop()] += 1
+    if not votes:
+        return 0
+    count, agents = votes.most_common(1)[0]
+    return count if 2 * agents > asked else 0
 
 
 def _pilots_of(

@@ -10,7 +10,9 @@ strategy written from Flower's documentation works:
 3. ``aggregate_train(round, kept)``: the new global arrays and training metrics, adopted
    unless ``state_defect`` names a reason not to;
 4. ``configure_evaluate(round, arrays, config, grid)``, in the rounds ``evaluates``
-   names (``evaluate-every``), then ``aggregate_evaluate(round, replies)``;
+   names (``evaluate-every``), ``screen_evaluate(round, replies)`` (fedpers), then
+   ``aggregate_evaluate(round, kept)``: as in training, no reply reaches an aggregate
+   or a per-client figure unchecked;
 5. ``evaluate_fn(round, arrays)``, the server-side evaluation, as in Flower.
 
 On top of Flower's loop: a resumed run starts after its checkpoint (``first_round``);
@@ -25,7 +27,6 @@ stops the run after it is recorded. The strategy is anything with the methods of
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.results import RoundRecord
 from fedpers.strategies import screening
 from fedpers.strategies.federation import Federation
@@ -73,6 +74,10 @@ class RoundStrategy(Protocol):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]: ...
 
+    def screen_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> screening.Screened: ...
+
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None: ...
@@ -100,6 +105,10 @@ class TrainOutcome:
         order they happened (``partition P: reason``, ``global state not adopted: ...``).
     bytes_sent, bytes_received : int
         Bytes of the TRAIN messages and of the replies without error (``record_bytes``).
+    replied : tuple of int
+        Partitions whose reply came back without error, screened out or not: a client
+        replies after it saved its state (``clients.device_state``), so these hold a
+        snapshot of the round.
     """
 
     arrays: ArrayRecord
@@ -109,6 +118,7 @@ class TrainOutcome:
     rejections: tuple[str, ...]
     bytes_sent: int
     bytes_received: int
+    replied: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,15 +132,20 @@ class EvaluateOutcome:
     evaluated : int
         Replies without error.
     clients : mapping of str to dict
-        Each evaluated partition's own metrics (``per_client``).
+        Each evaluated partition's own metrics (``per_client``), of the replies that
+        passed ``screen_evaluate``.
     bytes : int
         Bytes of the EVALUATE messages and of their replies, both ways.
+    rejections : tuple of str
+        Every evaluation reply left out or changed, with why
+        (``evaluate: partition P: reason``).
     """
 
     metrics: MetricRecord | None = None
     evaluated: int = 0
     clients: Mapping[str, dict[str, float]] = field(default_factory=dict)
     bytes: int = 0
+    rejections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,7 +233,7 @@ def train_step(
     """``configure_train``, the exchange, ``screen``, ``aggregate_train`` and
     ``state_defect``: a round's training, from the global state ``arrays``."""
     messages = list(strategy.configure_train(server_round, arrays, config, grid))
-    rejections = list(strategy.configure_train_rejections(server_round))
+    rejections = [*federation.take_notes(), *strategy.configure_train_rejections(server_round)]
     exchange = federation.send(grid, messages, timeout=timeout)
     sent, received = _bytes(messages), _reply_bytes(exchange.replies)
     for partition in sorted(set(exchange.failures) - set(exchange.replies)):
@@ -235,8 +250,9 @@ def train_step(
     accepted = sum(
         screening.weight_defect(r) is None and screening.num_examples(r) > 0 for r in screened.kept
     )
+    replied = tuple(p for p, reply in exchange.replies.items() if not reply.has_error())
     return TrainOutcome(
-        arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received
+        arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received, replied
     )
 
 
@@ -249,21 +265,56 @@ def evaluate_step(
     config: ConfigRecord,
     timeout: float,
 ) -> EvaluateOutcome:
-    """``configure_evaluate``, the exchange and ``aggregate_evaluate`` (which gets every
-    reply, errors included, as in Flower); nothing without a message to send."""
+    """``configure_evaluate``, the exchange, ``screen_evaluate`` and
+    ``aggregate_evaluate`` of the replies it kept; nothing without a message to send."""
     messages = list(strategy.configure_evaluate(server_round, arrays, config, grid))
     if not messages:
         return EvaluateOutcome()
     exchange = federation.send(grid, messages, timeout=timeout)
-    replies = list(exchange.replies.values())
-    evaluated = sum(not r.has_error() for r in replies)
-    metrics = strategy.aggregate_evaluate(server_round, replies)
+    evaluated = sum(not r.has_error() for r in exchange.replies.values())
+    kept, rejections = screened_replies(strategy, server_round, exchange.replies)
+    try:
+        metrics = strategy.aggregate_evaluate(server_round, kept.values())
+    except Exception as error:  # the round's evaluation is lost, never the run
+        metrics = None
+        rejections.append(
+            _not_adopted(
+                server_round,
+                f"evaluation aggregation failed: {type(error).__name__}: {error}",
+                what="evaluation",
+            )
+        )
     return EvaluateOutcome(
         metrics=metrics,
         evaluated=evaluated,
-        clients=per_client(exchange.replies),
+        clients=per_client(kept),
         bytes=_bytes(messages) + _reply_bytes(exchange.replies),
+        rejections=tuple(rejections),
     )
+
+
+class EvaluationScreen(Protocol):
+    def screen_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> screening.Screened: ...
+
+
+def screened_replies(
+    strategy: EvaluationScreen, server_round: int, replies: Mapping[int, Message]
+) -> tuple[dict[int, Message], list[str]]:
+    """The evaluation ``replies`` (by partition) that ``screen_evaluate`` keeps, and why
+    each other was left out or changed (``evaluate: partition P: ...``). A reply whose
+    error the exchange already reported is left out without a second line."""
+    screened = strategy.screen_evaluate(server_round, replies.values())
+    kept_ids = {id(reply) for reply in screened.kept}
+    kept = {p: r for p, r in replies.items() if id(r) in kept_ids}
+    lines = [
+        _left_out(server_round, p, reason, phase="evaluate")
+        for p, reason in screened.rejected
+        if p not in replies or not replies[p].has_error()
+    ]
+    lines += [_changed(server_round, p, what, phase="evaluate") for p, what in screened.notes]
+    return kept, lines
 
 
 def _aggregated(
@@ -278,21 +329,30 @@ def _aggregated(
     return arrays, metrics, None
 
 
-def _left_out(server_round: int, partition: int, reason: str) -> str:
+def _left_out(server_round: int, partition: int, reason: str, *, phase: str = "") -> str:
+    where = f"{phase} " if phase else ""
     logger.warning(
-        "round %d: left out the reply of partition %d: %s", server_round, partition, reason
+        "round %d: left out the %sreply of partition %d: %s",
+        server_round,
+        where,
+        partition,
+        reason,
     )
-    return f"partition {partition}: {reason}"
+    return (
+        f"{phase}: partition {partition}: {reason}" if phase else f"partition {partition}: {reason}"
+    )
 
 
-def _changed(server_round: int, partition: int, what: str) -> str:
-    logger.warning("round %d: partition %d: %s", server_round, partition, what)
-    return f"partition {partition}: {what}"
+def _changed(server_round: int, partition: int, what: str, *, phase: str = "") -> str:
+    logger.warning(
+        "round %d: %spartition %d: %s", server_round, f"{phase} " if phase else "", partition, what
+    )
+    return f"{phase}: partition {partition}: {what}" if phase else f"partition {partition}: {what}"
 
 
-def _not_adopted(server_round: int, reason: str) -> str:
-    logger.warning("round %d: kept the previous global state: %s", server_round, reason)
-    return f"global state not adopted: {reason}"
+def _not_adopted(server_round: int, reason: str, *, what: str = "global state") -> str:
+    logger.warning("round %d: %s not adopted: %s", server_round, what, reason)
+    return f"{what} not adopted: {reason}"
 
 
 def _keep(result: Result, outcome: RoundOutcome) -> None:
@@ -329,10 +389,11 @@ def _record(
         replies=train.accepted,
         failures=train.sampled - train.accepted,
         evaluated=evaluate.evaluated,
-        rejections=list(train.rejections),
+        rejections=[*train.rejections, *evaluate.rejections],
         train_seconds=trained - started,
         evaluate_seconds=time.monotonic() - trained,
         clients=dict(evaluate.clients),
+        trained=list(train.replied),
     )
 
 
@@ -364,8 +425,8 @@ def record_bytes(content: RecordDict) -> int:
     malformed reply (which screening rejects) is counted by a rougher rule where
     Flower's count fails on it."""
     total = 0
-    for records in (content.array_records, content.config_records, content.metric_records):
-        for record in records.values():
+    for kind in (content.array_records, content.config_records, content.metric_records):
+        for record in kind.values():
             try:
                 total += int(record.count_bytes())
             except Exception:  # an empty list, a value of a type Flower does not count
@@ -384,21 +445,15 @@ def _reply_bytes(replies: Mapping[int, Message]) -> int:
 
 
 def per_client(replies: Mapping[int, Message]) -> dict[str, dict[str, float]]:
-    """Each evaluated partition's own metrics (``{"17": {"accuracy": ...}}``)."""
+    """Each evaluated partition's own metrics (``{"17": {"accuracy": ...}}``), of
+    ``replies`` that passed screening (``screened_replies``): a reply that did not is
+    skipped here too, whatever it holds."""
     clients: dict[str, dict[str, float]] = {}
     for partition, reply in sorted(replies.items()):
-        if reply.has_error():
+        if screening.defect(reply) is not None:
             continue
-        metrics = reply.content.metric_records.get(protocol.METRICS)
-        if metrics is None:
-            continue
-        values = {
-            k: float(v)
-            for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        if all(math.isfinite(v) for v in values.values()):
-            clients[str(partition)] = values
+        metrics = reply.content.metric_records.get(protocol.METRICS, MetricRecord())
+        clients[str(partition)] = {k: records.number(v, k) for k, v in metrics.items()}
     return clients
 
 

@@ -7,13 +7,18 @@ reply (and of what the server expects), tested on their own
 function. ``screen`` never raises: a check that fails with an exception rejects the
 reply with that exception as its reason, so no client can crash a run.
 
-What every reply must be, whatever the algorithm:
+What every reply must be, whatever the algorithm (``defect``), checked by type and not
+by name alone:
 
-- no error; only the records the protocol names (``arrays``, ``metrics``);
+- no error; at most two records, each of its name's kind: ``arrays`` an ArrayRecord,
+  ``metrics`` a MetricRecord (``records_defect``);
 - every array serialized as numpy, decoding to the shape and dtype it declares,
   numeric, finite;
-- every metric a finite int or float (not a list, not a bool);
-- ``num-examples`` present and non-negative (``weight_defect``);
+- every metric key a metric name (``METRIC_KEY``: lower-case ASCII words joined by
+  ``-`` or ``.``, at most 64 characters) and every value a finite int or float (not a
+  list, not a bool) within its declared range (``metric_range``: accuracy in [0, 1],
+  counts and losses non-negative);
+- ``num-examples`` present (``weight_defect``);
 - exactly the arrays the server expects, with their shapes and dtypes
   (``arrays_defect``).
 """
@@ -21,14 +26,15 @@ What every reply must be, whatever the algorithm:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
-from fedpers import protocol, records
+from fedpers import families, protocol, records
 from fedpers.logs import one_line
 
 ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server expects
@@ -49,7 +55,9 @@ def decode(name: str, array: Array) -> np.ndarray:
         dtype than it declares, is not numeric, or holds a non-finite value.
     """
     if array.stype != SType.NUMPY:
-        raise ScreeningError(f"array '{name}' is serialized as '{array.stype}', not numpy")
+        raise ScreeningError(
+            f"array {shown(name)} is serialized as {shown(array.stype)}, not numpy"
+        )
     try:
         values = array.numpy()
     except Exception as error:
@@ -78,29 +86,84 @@ def arrays_of(reply: Message) -> dict[str, np.ndarray]:
     return {name: decode(name, array) for name, array in record.items()}
 
 
+# The kind of each record a reply may carry, by name: nothing else may come back.
+RECORD_KINDS: dict[str, type] = {protocol.ARRAYS: ArrayRecord, protocol.METRICS: MetricRecord}
+# A metric key: lower-case ASCII words joined by '-' or '.' ("num-examples", "edge.3").
+METRIC_KEY = re.compile(r"[a-z][a-z0-9]*(?:[-.][a-z0-9]+)*", re.ASCII)
+MAX_KEY = 64
+_LARGEST_INT = 2**63  # a MetricRecord int is an int64 on the wire
+
+
+def shown(name: object, limit: int = 40) -> str:
+    """A name a client chose, safe to log: ASCII-escaped, quoted, at most ``limit``."""
+    text = ascii(name)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def records_defect(content: RecordDict) -> str | None:
+    """Why a reply's records are not those of the protocol, or None: each record's kind
+    must be its name's (``RECORD_KINDS``), and there is no other."""
+    for name, record in content.items():
+        kind = RECORD_KINDS.get(name)
+        if kind is None:
+            return (
+                f"a record named {shown(name)}: a reply carries only 'arrays' (an "
+                "ArrayRecord) and 'metrics' (a MetricRecord)"
+            )
+        if not isinstance(record, kind):
+            return f"record '{name}' is a {type(record).__name__}, not a {kind.__name__}"
+    return None
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """The closed range of metric ``key``: the protocol's (``protocol.METRIC_RANGES``),
+    else the first family pattern that matches it (``FamilySpec.metric_ranges``), else
+    every finite number."""
+    if key in protocol.METRIC_RANGES:
+        return protocol.METRIC_RANGES[key]
+    for family in families.all_families():
+        for pattern, low, high in family.metric_ranges:
+            if re.fullmatch(pattern, key, re.ASCII):
+                return low, high
+    return -math.inf, math.inf
+
+
+def metric_defect(key: object, value: object) -> str | None:
+    """Why ``key: value`` is not a metric, or None: the key a metric name, the value a
+    finite int or float within ``metric_range(key)``."""
+    if not isinstance(key, str) or len(key) > MAX_KEY or not METRIC_KEY.fullmatch(key):
+        return (
+            f"metric key {shown(key)} is not a metric name (lower-case ASCII words joined "
+            f"by '-' or '.', at most {MAX_KEY} characters)"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"metric '{key}' is {type(value).__name__}, not a number"
+    if isinstance(value, int) and not -_LARGEST_INT <= value < _LARGEST_INT:
+        return f"metric '{key}' is an integer beyond int64"
+    if not math.isfinite(value):
+        return f"non-finite metric '{key}'"
+    low, high = metric_range(key)
+    if not low <= value <= high:
+        return f"metric '{key}' = {value:.6g} is outside its range [{low:g}, {high:g}]"
+    return None
+
+
 def defect(reply: Message) -> str | None:
-    """Why a reply is unusable whatever the algorithm: a client error, a record the
-    protocol does not name, an array that is not what it declares or not finite, or a
-    metric that is not a finite number."""
+    """Why a reply is unusable whatever the algorithm: a client error, a record that is
+    not the protocol's (by name and kind), an array that is not what it declares or not
+    finite, or a metric that is not a metric (``metric_defect``)."""
     if reply.has_error():
         return f"client error: {one_line(reply.error.reason)}"
     content = reply.content
-    unknown = sorted(
-        {*content.array_records, *content.metric_records, *content.config_records}
-        - {protocol.ARRAYS, protocol.METRICS}
-    )
-    if unknown:
-        return f"records the protocol does not name: {unknown[:3]}"
+    if reason := records_defect(content):
+        return reason
     try:
         arrays_of(reply)
     except ScreeningError as error:
         return str(error)
-    for metrics in content.metric_records.values():
-        for key, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                return f"metric '{key}' is {type(value).__name__}, not a number"
-            if not math.isfinite(value):
-                return f"non-finite metric '{key}'"
+    for key, value in content.metric_records.get(protocol.METRICS, MetricRecord()).items():
+        if reason := metric_defect(key, value):
+            return reason
     return None
 
 
@@ -111,19 +174,14 @@ def num_examples(reply: Message) -> float:
 
 
 def weight_defect(reply: Message) -> str | None:
-    """Why a reply's ``num-examples`` cannot weigh it: missing, not a finite number, or
-    negative."""
+    """Why a reply's ``num-examples`` cannot weigh it: missing from a ``metrics``
+    MetricRecord, or not a number in its range (``metric_defect``)."""
+    if reason := records_defect(reply.content):
+        return reason
     metrics = reply.content.metric_records.get(protocol.METRICS)
     if metrics is None or protocol.NUM_EXAMPLES not in metrics:
         return f"no '{protocol.NUM_EXAMPLES}' metric"
-    value = metrics[protocol.NUM_EXAMPLES]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"'{protocol.NUM_EXAMPLES}' is {type(value).__name__}, not a number"
-    if not math.isfinite(value):
-        return f"non-finite metric '{protocol.NUM_EXAMPLES}'"
-    if value < 0:
-        return "negative number of examples"
-    return None
+    return metric_defect(protocol.NUM_EXAMPLES, metrics[protocol.NUM_EXAMPLES])
 
 
 def arrays_defect(
@@ -178,13 +236,22 @@ def magnitude_defect(
 
 def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
     """Why ``matrices`` (``(..., d, d)``) are not symmetric positive semi-definite within
-    ``tolerance`` relative to their scale, or None."""
-    scale = max(1.0, float(np.max(np.abs(matrices), initial=0.0)))
-    if not np.allclose(matrices, np.swapaxes(matrices, -1, -2), rtol=0, atol=tolerance * scale):
-        return f"'{name}' is not symmetric"
-    lowest = float(np.min(np.linalg.eigvalsh(matrices), initial=0.0))
-    if lowest < -tolerance * scale * matrices.shape[-1]:
-        return f"'{name}' is not positive semi-definite (eigenvalue {lowest:.3g})"
+    ``tolerance`` relative to each matrix's own scale, or None.
+
+    Each matrix is judged by its own largest entry: a scale shared by all let one huge
+    matrix widen the tolerance of the others, so that a reply could make another
+    component negative definite and void every round's pooled covariance.
+    """
+    stack = matrices.reshape(-1, *matrices.shape[-2:])
+    d = matrices.shape[-1]
+    for index, matrix in enumerate(stack):
+        scale = max(1.0, float(np.max(np.abs(matrix), initial=0.0)))
+        where = f"'{name}'" if len(stack) == 1 else f"'{name}' [{index}]"
+        if not np.allclose(matrix, matrix.T, rtol=0, atol=tolerance * scale):
+            return f"{where} is not symmetric"
+        lowest = float(np.min(np.linalg.eigvalsh(matrix), initial=0.0))
+        if lowest < -tolerance * scale * d:
+            return f"{where} is not positive semi-definite (eigenvalue {lowest:.3g})"
     return None
 
 

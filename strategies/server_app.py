@@ -9,20 +9,36 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fedpers import records
 from fedpers.atomic import save_npz
-from fedpers.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from fedpers.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    CheckpointError,
+    CheckpointWriter,
+    ResumeError,
+    configuration_digest,
+    load_checkpoint,
+)
 from fedpers.config import RunConfig
 from fedpers.families import RunSummary
 from fedpers.logs import route_to_flower
 from fedpers.protocol import FinalTestResult
-from fedpers.results import RunRecorder, final_mean, run_directory, write_failure, write_json
+from fedpers.results import (
+    RoundRecord,
+    RunRecorder,
+    final_mean,
+    read_token,
+    run_directory,
+    write_failure,
+    write_json,
+)
 from fedpers.strategies import build_strategy
+from fedpers.strategies.resume import restore_devices
 from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES
 
 if TYPE_CHECKING:
@@ -58,44 +74,48 @@ def main(grid: Grid, context: Context) -> None:
         config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     directory = run_directory(config.results_dir, run_name)
-    checkpoint_round, checkpoint_arrays = _checkpoint_to_resume(config, directory)
+    checkpoint = _checkpoint_to_resume(config, directory)
     recorder = RunRecorder(
         directory,
         {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
         name=run_name,
         total_rounds=config.num_rounds,
         progress_metric=config.family.progress_metric,
-        resume_after=checkpoint_round if config.resume else None,
+        resume_after=checkpoint.round if checkpoint is not None else None,
         tensorboard=config.tensorboard,
     )
     logger.info(
         "results of this run: %s%s",
         directory,
-        f" (resumed after round {checkpoint_round})" if config.resume else "",
+        f" (resumed after round {checkpoint.round})" if checkpoint is not None else "",
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
     try:
-        result, final = _run(
-            grid, config, strategy, recorder, (checkpoint_round, checkpoint_arrays), started
-        )
+        result, final = _run(grid, config, strategy, recorder, checkpoint, started)
+        _save_arrays(directory / "final_arrays.npz", result.arrays)
+        summary = _summary(config, strategy, recorder, final, started)
+        written = recorder.finish(summary, plots=[config.family.progress_metric])
     except Exception as error:
-        recorder.fail(f"{type(error).__name__}: {error}")
+        recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise
-    _save_arrays(directory / "final_arrays.npz", result.arrays)
-    summary = _summary(config, strategy, recorder, final, started)
-    written = recorder.finish(summary, plots=[config.family.progress_metric])
     logger.info("summary: %s", written)
 
 
-def _checkpoint_to_resume(config: RunConfig, directory: Path) -> tuple[int, dict[str, np.ndarray]]:
-    """The round and arrays a resumed run continues from (0 and none for a fresh run); a
-    checkpoint that cannot be read fails the run before anything starts."""
+def _checkpoint_to_resume(config: RunConfig, directory: Path) -> Checkpoint | None:
+    """The checkpoint a resumed run continues from (None for a fresh run): the run's own
+    (its token, ``run.json``), of this configuration; any other fails the run before
+    anything starts (``fedpers.checkpoint``)."""
     if not config.resume:
-        return 0, {}
+        return None
     try:
-        return load_checkpoint(directory, num_rounds=config.num_rounds)
-    except CheckpointError as error:
+        return load_checkpoint(
+            directory,
+            num_rounds=config.num_rounds,
+            token=read_token(directory),
+            configuration=configuration_digest(config.to_mapping()),
+        )
+    except ResumeError as error:
         write_failure(directory, f"{type(error).__name__}: {error}")
         raise
 
@@ -105,12 +125,12 @@ def _run(
     config: RunConfig,
     strategy: FedpersStrategy,
     recorder: RunRecorder,
-    checkpoint: tuple[int, dict[str, np.ndarray]],
+    checkpoint: Checkpoint | None,
     started: dict[str, float],
 ) -> tuple[Result, FinalTestResult | None]:
-    """Connect to the nodes, find the initial arrays (or check the checkpoint's), run the
-    rounds and the final test; ``started`` gets the start-up's timestamps."""
-    checkpoint_round, checkpoint_arrays = checkpoint
+    """Connect to the nodes, find the initial arrays (or check the checkpoint's and the
+    nodes' state), run the rounds and the final test; ``started`` gets the start-up's
+    timestamps."""
     directory = recorder.directory
     family = config.family
     evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
@@ -121,18 +141,26 @@ def _run(
         settled=SETTLED_SECONDS if SIMULATION else None,
     )
     started["partitions_known"] = time.time()
-    if config.resume:
-        initial = ArrayRecord({k: Array(v) for k, v in checkpoint_arrays.items()})
-        expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
-        if reason := strategy.state_defect(initial, expected):
-            raise CheckpointError(
-                f"{directory / CHECKPOINT_FILE} does not fit this run ({reason}); "
-                "resume it with the configuration that wrote it, or start afresh"
-            )
+    if checkpoint is not None:
+        initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
     else:
         initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
         if evaluate_fn is not None:
             write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+    checkpoints = CheckpointWriter(
+        directory,
+        recorder.token,
+        configuration_digest(config.to_mapping()),
+        dict(checkpoint.trained) if checkpoint is not None else {},
+    )
+
+    def on_round(record: RoundRecord) -> None:
+        recorder.record(record)
+        checkpoints.trained_in(record.round, record.trained)
+
+    def on_checkpoint(server_round: int, arrays: ArrayRecord) -> None:
+        checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
+
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
     result = strategy.start(
         grid,
@@ -141,9 +169,9 @@ def _run(
         timeout=config.round_timeout,
         evaluate_config=evaluate_config,
         evaluate_fn=evaluate_fn,
-        first_round=checkpoint_round + 1,
-        on_round=recorder.record,
-        on_checkpoint=lambda server_round, arrays: _checkpoint(directory, server_round, arrays),
+        first_round=checkpoint.round + 1 if checkpoint is not None else 1,
+        on_round=on_round,
+        on_checkpoint=on_checkpoint,
     )
     final = strategy.final_test(
         grid,
@@ -153,6 +181,23 @@ def _run(
         timeout=config.round_timeout,
     )
     return result, final
+
+
+def _resumed_start(
+    grid: Grid, config: RunConfig, strategy: FedpersStrategy, checkpoint: Checkpoint, where: Path
+) -> ArrayRecord:
+    """The checkpoint's arrays, once they fit the model and every node that keeps state
+    restored the state the checkpoint saw (``strategies.resume``); else an error."""
+    initial = ArrayRecord({k: Array(v) for k, v in checkpoint.arrays.items()})
+    expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
+    if reason := strategy.state_defect(initial, expected):
+        raise CheckpointError(
+            f"{where} does not fit this run ({reason}); "
+            "resume it with the configuration that wrote it, or start afresh"
+        )
+    if config.spec.keeps_state:
+        restore_devices(strategy, grid, checkpoint, where=where, timeout=config.round_timeout)
+    return initial
 
 
 def _summary(
@@ -191,10 +236,6 @@ def _summary(
     summary["megabytes_total"] = (sent + received) / 1e6  # training messages, both ways
     summary["evaluate_megabytes"] = sum(r.server.get(EVALUATE_BYTES, 0.0) for r in records_) / 1e6
     return summary
-
-
-def _checkpoint(directory: Path, server_round: int, arrays: ArrayRecord) -> None:
-    save_checkpoint(directory, server_round, {k: v.numpy() for k, v in arrays.items()})
 
 
 def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:

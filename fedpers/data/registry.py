@@ -38,6 +38,10 @@ class DatasetInfo:
         False when clients draw fresh samples instead of holding a partition.
     per_client_split : bool
         True when each client splits its own data 60/20/20 (FedEM's protocol).
+    train_samples, test_samples : int, optional
+        Samples of the training and test splits, where they are fixed (None: the data
+        set grows with the run, or does not say); the configuration refuses more
+        clients than there are samples to split.
     """
 
     num_classes: int
@@ -50,6 +54,8 @@ class DatasetInfo:
     run_family: str = ""
     partitioned: bool = True
     per_client_split: bool = False
+    train_samples: int | None = None
+    test_samples: int | None = None
 
 
 _TORCHVISION_HINT = (
@@ -61,7 +67,14 @@ _TORCHVISION_HINT = (
 DATASETS: dict[str, DatasetInfo] = {
     "mnist1d": DatasetInfo(10, (40,), "mnist1d-mlp", embedded=True),
     "digits": DatasetInfo(
-        10, (64,), "digits-mlp", embedded=True, image_shape=(1, 8, 8), raw_maximum=16.0
+        10,
+        (64,),
+        "digits-mlp",
+        embedded=True,
+        image_shape=(1, 8, 8),
+        raw_maximum=16.0,
+        train_samples=1347,  # of scikit-learn's 1797, 75/25 (fedpers.data.sources)
+        test_samples=450,
     ),
     "linear": DatasetInfo(1, None, "linear", embedded=True, run_family="linear", partitioned=False),
     "mixture": DatasetInfo(2, None, "logistic", embedded=True, per_client_split=True),
@@ -71,6 +84,8 @@ DATASETS: dict[str, DatasetInfo] = {
         "femnist-mlp",
         embedded=False,
         how_to_get=_TORCHVISION_HINT.format(cls="MNIST", extra="", folder="MNIST"),
+        train_samples=60000,
+        test_samples=10000,
         image_shape=(1, 28, 28),
     ),
     "femnist": DatasetInfo(
@@ -81,6 +96,8 @@ DATASETS: dict[str, DatasetInfo] = {
         how_to_get=_TORCHVISION_HINT.format(
             cls="EMNIST", extra=", split='letters'", folder="EMNIST"
         ),
+        train_samples=48000,  # EMNIST letters a-j: 4,800 and 800 a letter
+        test_samples=8000,
         image_shape=(1, 28, 28),
     ),
     "cifar10": DatasetInfo(
@@ -89,6 +106,8 @@ DATASETS: dict[str, DatasetInfo] = {
         "cifar10-cnn",
         embedded=False,
         how_to_get=_TORCHVISION_HINT.format(cls="CIFAR10", extra="", folder="cifar-10-batches-py"),
+        train_samples=50000,
+        test_samples=10000,
         image_shape=(3, 32, 32),
     ),
     "cifar100": DatasetInfo(
@@ -97,6 +116,8 @@ DATASETS: dict[str, DatasetInfo] = {
         "cifar100-cnn",
         embedded=False,
         how_to_get=_TORCHVISION_HINT.format(cls="CIFAR100", extra="", folder="cifar-100-python"),
+        train_samples=50000,
+        test_samples=10000,
         image_shape=(3, 32, 32),
     ),
 }

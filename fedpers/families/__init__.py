@@ -121,9 +121,21 @@ class FamilySpec:
     sample_counts : callable, optional
         ``sample_counts(run)``: (train, test) samples of every client, known without
         building any data (fresh samples every round), or None.
+    clients_per_round : callable, optional
+        ``clients_per_round(run)``: how many clients a round of the family's strategy
+        trains, where it does not sample ``fraction-train`` of the seen clients (the
+        base strategy's ``sample``); the configuration checks ``min-replies`` against it.
+    pools_splits : bool
+        Whether its clients' samples come from the data set's train and test splits
+        pooled (whatever ``test-split`` says); the configuration counts the samples
+        there are to split from it.
     wire : tuple of str
         Every name it puts on the wire (records, arrays, config and metric keys), for
         the wire-contract test.
+    metric_ranges : tuple of (str, float, float)
+        ``(pattern, low, high)``: the closed range of the metrics its clients send whose
+        key matches ``pattern`` (a regular expression, matched in full); the server
+        rejects a reply with a value outside it (``strategies.screening``).
     """
 
     name: str
@@ -136,7 +148,10 @@ class FamilySpec:
     evaluates_clients: bool = True
     input_shape: Callable[[RunConfig], tuple[int, ...] | None] | None = None
     sample_counts: Callable[[RunConfig], tuple[int, int]] | None = None
+    clients_per_round: Callable[[RunConfig], int] | None = None
+    pools_splits: bool = False
     wire: tuple[str, ...] = field(default=())
+    metric_ranges: tuple[tuple[str, float, float], ...] = ()
 
 
 _FAMILIES: dict[str, FamilySpec] = {}

@@ -13,6 +13,8 @@ and the summary.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -158,10 +160,14 @@ def edge_metric(sender: int) -> str:
     return f"edge.{sender}"
 
 
+EDGE_METRIC = r"edge\.(0|[1-9][0-9]{0,8})"  # an ``edge_metric`` key: ASCII digits, no sign
+
+
 def edge_sender(key: str) -> int | None:
-    """The sender of an ``edge_metric`` key, or None for any other metric."""
-    prefix, _, sender = key.partition(".")
-    return int(sender) if prefix == "edge" and sender.isdigit() else None
+    """The sender of an ``edge_metric`` key, or None for any other metric (``edge.²``,
+    ``edge.03`` and ``edge.-1`` are other metrics: ``str.isdigit`` accepts the first)."""
+    match = re.fullmatch(EDGE_METRIC, key, re.ASCII)
+    return int(match.group(1)) if match else None
 
 
 def from_agent(name: str, agent: int) -> str:
@@ -264,6 +270,11 @@ def check_agents(run: RunConfig) -> None:
         )
 
 
+def every_agent(run: RunConfig) -> int:
+    """The agents a round trains: all of them (``strategies/peer_relay.py``)."""
+    return run.num_clients
+
+
 def summary(done: RunSummary) -> dict[str, object]:
     """Private accuracy (mean over agents, last rounds), communication accuracy per
     whitening, per agent and per directed edge, and bytes per round."""
@@ -290,6 +301,13 @@ FAMILY = families.register(
         summary=summary,
         groups=(SheafSettings,),
         checks=(check_agents,),
+        metric_ranges=(
+            (EDGE_METRIC, 0.0, 1.0),
+            (PENALTY, 0.0, math.inf),
+            (TEST_EXAMPLES, 0.0, math.inf),
+        ),
+        clients_per_round=every_agent,
+        pools_splits=True,
         queries=(
             QuerySpec(
                 SheafQuery.PILOTS,

@@ -43,12 +43,12 @@ def test_a_fresh_node_restores_the_newest_snapshot_before_its_round(tmp_path: Pa
     assert sorted(device_state.snapshots(node.run, node)) == [2, 3]  # only the last two are kept
 
     resumed = _context(tmp_path)  # training round 3 again after a crash: state of round 2
-    assert device_state.restore(resumed.run, resumed, before_round=3)
+    assert device_state.restore(resumed.run, resumed, before_round=3) == 2
     np.testing.assert_array_equal(_head(resumed), np.full((2, 2), 2, np.float32))
     assert resumed.state[device_state.META][device_state.ROUNDS_TRAINED] == 2
 
     later = _context(tmp_path)
-    assert device_state.restore(later.run, later, before_round=10)
+    assert device_state.restore(later.run, later, before_round=10) == 3
     np.testing.assert_array_equal(_head(later), np.full((2, 2), 3, np.float32))
     assert not device_state.restore(later.run, later, before_round=10)  # not empty any more
 
@@ -63,7 +63,7 @@ def test_simulation_keeps_state_through_the_run_config(tmp_path: Path) -> None:
     node.state["x"] = ConfigRecord({"a": 1})
     device_state.persist(node.run, node, server_round=1)
     fresh = _context(tmp_path, node_dir=False)
-    assert device_state.restore(fresh.run, fresh, before_round=2)
+    assert device_state.restore(fresh.run, fresh, before_round=2) == 1
     assert fresh.state["x"]["a"] == 1
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,37 @@ def test_tensorboard_export_holds_every_round_metric(tmp_path: Path) -> None:
     plain = _recorder(tmp_path / "plain")
     plain.record(RoundRecord(round=1, seconds=1.0))
     assert not (tmp_path / "plain" / TENSORBOARD_DIR).exists()
+
+
+@pytest.mark.parametrize(
+    ("rounds", "defect"),
+    [
+        ([1, 1, 2], "round 1 appears twice"),
+        ([1, 3], "round 2 is missing"),
+        ([2, 1], "round 2 comes before round 1"),
+        ([1, 2, 3, 4], r"rounds \[4\] follow round 3"),
+        ([1], "it ends after round 1"),
+    ],
+)
+def test_resume_refuses_rounds_that_do_not_lead_to_its_checkpoint(
+    tmp_path: Path, rounds: list[int], defect: str
+) -> None:
+    # Prepare: a run directory whose rounds.jsonl holds `rounds`; its checkpoint: round 2
+    directory = tmp_path / "run"
+    recorder = _recorder(directory)
+    for r in rounds:
+        recorder.record(RoundRecord(round=r, seconds=1.0))
+    recorder.release()
+    before = (directory / ROUNDS_FILE).read_text()
+    # Execute, Assert: refused, named in failure.json, rounds.jsonl left as it was
+    with pytest.raises(ValueError, match=defect):
+        RunRecorder(
+            directory,
+            read_config(directory),
+            name="fedrep",
+            total_rounds=3,
+            progress_metric="evaluate.accuracy",
+            resume_after=2,
+        )
+    assert re.search(defect, json.loads((directory / "failure.json").read_text())["reason"])
+    assert (directory / ROUNDS_FILE).read_text() == before

@@ -55,7 +55,9 @@ def test_weight_defect_needs_a_non_negative_num_examples() -> None:
         "no 'num-examples' metric"
     )
     negative = {protocol.NUM_EXAMPLES: -1.0}
-    assert screening.weight_defect(_reply(metrics=negative)) == "negative number of examples"
+    assert screening.weight_defect(_reply(metrics=negative)) == (
+        "metric 'num-examples' = -1 is outside its range [0, inf]"
+    )
 
 
 def test_arrays_defect_compares_with_what_was_expected() -> None:
@@ -105,12 +107,15 @@ def test_defect_needs_numbers_as_metrics_and_only_named_records() -> None:
     assert screening.defect(listed) == "metric 'loss' is list, not a number"
     reply = _reply({"w": W})
     reply.content["smuggled"] = ArrayRecord({"w": Array(W)})
-    assert screening.defect(reply) == "records the protocol does not name: ['smuggled']"
+    assert screening.defect(reply) == (
+        "a record named 'smuggled': a reply carries only 'arrays' (an ArrayRecord) and "
+        "'metrics' (a MetricRecord)"
+    )
 
 
 def test_weight_defect_needs_a_finite_non_negative_number() -> None:
     as_list = _reply(metrics={protocol.NUM_EXAMPLES: [3.0]})
-    assert screening.weight_defect(as_list) == "'num-examples' is list, not a number"
+    assert screening.weight_defect(as_list) == "metric 'num-examples' is list, not a number"
     nan = _reply(metrics={protocol.NUM_EXAMPLES: float("nan")})
     assert screening.weight_defect(nan) == "non-finite metric 'num-examples'"
 
@@ -121,7 +126,7 @@ def test_symmetric_psd_defect_against_eigenvalues() -> None:
     psd = a @ np.swapaxes(a, 1, 2)
     assert screening.symmetric_psd_defect("s", psd) is None
     assert screening.symmetric_psd_defect("s", psd + np.triu(np.ones((4, 4)), 1)) == (
-        "'s' is not symmetric"
+        "'s' [0] is not symmetric"
     )
     negative = psd.copy()
     negative[1] -= 100 * np.eye(4)  # eigenvalues shifted below zero

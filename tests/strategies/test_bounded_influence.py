@@ -1,0 +1,404 @@
+"""What one client can do to a run, whatever it sends (issue 20's classes): each test
+is one example of a class, through the real ClientApp in process, with one node's
+replies rewritten after the app made them. Each failed on the code before its fix:
+a crash of the round loop, or an influence beyond the bound the docs state
+(docs/architecture.md, "What the server guarantees")."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+
+from fedpers import protocol
+from fedpers.aggregation import AggregationError, trimmed_mean
+from fedpers.clients.client_app import app as client_app
+from fedpers.config import ConfigError, RunConfig
+from fedpers.families import mixture as mixture_family
+from fedpers.families import sheaf as sheaf_family
+from fedpers.results import RoundRecord
+from fedpers.strategies import build_strategy, screening
+from fedpers.strategies.base import FedpersStrategy
+from tests.helpers import InProcessGrid, run_config
+
+NODES = 4
+ATTACKER = 2
+CAP = 10.0  # weight-cap's default
+Tamper = Callable[[Message, Message], Message]  # (request, the app's reply) -> reply
+
+
+def _tampering(tampers: dict[str, Tamper]) -> Callable[[Message, Context], Message]:
+    """The real ClientApp, whose replies at partition ATTACKER to the message types of
+    ``tampers`` are rewritten."""
+
+    def app(message: Message, context: Context) -> Message:
+        reply = client_app(message, context)
+        tamper = tampers.get(message.metadata.message_type)
+        if tamper is not None and context.node_config["partition-id"] == ATTACKER:
+            return tamper(message, reply)
+        return reply
+
+    return app
+
+
+def _with_metrics(reply: Message, **metrics: Any) -> Message:
+    values = dict(reply.content.metric_records[protocol.METRICS])
+    values.update({k.replace("_", "-"): v for k, v in metrics.items()})
+    reply.content[protocol.METRICS] = MetricRecord(values)
+    return reply
+
+
+def _run(
+    tampers: dict[str, Tamper], rounds: int = 1, **overrides: Any
+) -> tuple[FedpersStrategy, list[RoundRecord], list[list[Message]]]:
+    """The run, its round records, and the replies each round's ``aggregate_train`` got."""
+    values = run_config(
+        **{
+            "algorithm": "fedavg",
+            "dataset": "digits",
+            "num_clients": NODES,
+            "fraction_train": 1.0,
+            "num_rounds": rounds,
+            **overrides,
+        }
+    )
+    config = RunConfig.from_mapping(values)
+    aggregated: list[list[Message]] = []
+
+    class Recording(type(build_strategy(config))):  # type: ignore[misc]
+        def aggregate_train(self, server_round: int, replies: Any) -> Any:
+            aggregated.append(list(replies))
+            return super().aggregate_train(server_round, aggregated[-1])
+
+    grid = InProcessGrid(_tampering(tampers), values, NODES)
+    strategy = Recording(config)
+    strategy.federation.connect(grid, timeout=5)
+    initial = strategy.initial_arrays(grid, timeout=5)
+    records: list[RoundRecord] = []
+    strategy.start(grid, initial, num_rounds=rounds, on_round=records.append)
+    return strategy, records, aggregated
+
+
+def _honest_accuracy(record: RoundRecord) -> float:
+    clients = record.clients
+    honest = [p for p in clients if int(p) != ATTACKER]
+    weights = [clients[p][protocol.NUM_EXAMPLES] for p in honest]
+    return float(np.average([clients[p][protocol.ACCURACY] for p in honest], weights=weights))
+
+
+# ---------------------------------------------------------------- record types
+def test_an_evaluation_reply_whose_first_metric_record_is_not_metrics_costs_that_reply() -> None:
+    def smuggle(request: Message, reply: Message) -> Message:
+        # A MetricRecord under the arrays' name, before the real one: Flower's
+        # aggregate_metricrecords read num-examples from it (KeyError, no round recorded)
+        metrics = reply.content.metric_records[protocol.METRICS]
+        content = RecordDict({protocol.ARRAYS: MetricRecord({"x": 1.0})})
+        content[protocol.METRICS] = metrics
+        return Message(content, reply_to=request)
+
+    _, records, _ = _run({MessageType.EVALUATE: smuggle})
+    (record,) = records
+    assert str(ATTACKER) not in record.clients
+    assert any(
+        r.startswith(f"evaluate: partition {ATTACKER}: record 'arrays' is a MetricRecord")
+        for r in record.rejections
+    ), record.rejections
+    assert record.evaluate[protocol.ACCURACY] == pytest.approx(_honest_accuracy(record), abs=1e-12)
+
+
+def test_a_metric_beyond_int64_or_outside_its_range_costs_that_reply() -> None:
+    huge = _run({MessageType.EVALUATE: lambda q, r: _with_metrics(r, loss=10**400)})[1][0]
+    assert any("integer beyond int64" in r for r in huge.rejections), huge.rejections
+    above = _run({MessageType.EVALUATE: lambda q, r: _with_metrics(r, accuracy=1.5)})[1][0]
+    assert any("'accuracy' = 1.5 is outside its range [0, 1]" in r for r in above.rejections)
+    for record in (huge, above):
+        assert str(ATTACKER) not in record.clients
+        assert record.evaluate[protocol.ACCURACY] == pytest.approx(_honest_accuracy(record))
+
+
+@pytest.mark.parametrize("key", ["edge.²", "edge.٣", "Edge.1", "edge.1 ", "edge..1", "x" * 65])
+def test_metric_keys_follow_one_ascii_grammar(key: str) -> None:
+    assert screening.metric_defect(key, 0.5) is not None
+    assert sheaf_family.edge_sender(key) is None  # int("²") raised ValueError here
+
+
+def test_edge_metric_keys_parse_strictly() -> None:
+    assert sheaf_family.edge_sender("edge.12") == 12
+    assert [sheaf_family.edge_sender(k) for k in ("edge.012", "edge.-1", "edge.+1")] == [None] * 3
+    assert screening.metric_defect("edge.3", 0.5) is None
+    assert screening.metric_defect("edge.3", 1.5) is not None  # an edge is an accuracy
+
+
+def test_sheaf_evaluation_reads_nothing_before_screening() -> None:
+    values = run_config(algorithm="sheaf-frl", dataset="digits", num_clients=NODES)
+    strategy = build_strategy(RunConfig.from_mapping(values))
+    request = Message(RecordDict(), message_type=MessageType.EVALUATE, dst_node_id=5)
+    request.metadata.__dict__["_message_id"] = "m5"
+    no_accuracy = Message(
+        RecordDict({protocol.METRICS: MetricRecord({protocol.NUM_EXAMPLES: 1.0})}),
+        reply_to=request,
+    )
+    as_arrays = Message(
+        RecordDict({protocol.METRICS: ArrayRecord({"x": Array(np.ones(2))})}), reply_to=request
+    )
+    for reply in (no_accuracy, as_arrays):  # KeyError in aggregate_evaluate before
+        strategy.aggregate_evaluate(1, [reply])
+    assert strategy.private_accuracy == {}
+
+
+# -------------------------------------------------------------- bounded weights
+def _claim(train: float | None = None, test: float | None = None) -> Tamper:
+    def tamper(request: Message, reply: Message) -> Message:
+        metrics = {}
+        if train is not None:
+            metrics[protocol.NUM_TRAIN] = train
+        if test is not None:
+            metrics[protocol.NUM_TEST] = test
+        return _with_metrics(reply, **{k.replace("-", "_"): v for k, v in metrics.items()})
+
+    return tamper
+
+
+def _lower_median(sizes: dict[int, int]) -> float:
+    return float(sorted(sizes.values())[(len(sizes) - 1) // 2])
+
+
+def _weight(strategy: FedpersStrategy, reply: Message) -> tuple[int, float]:
+    return strategy.federation.partition(reply), screening.num_examples(reply)
+
+
+def test_a_training_weight_claimed_at_registration_too_is_capped_by_the_population() -> None:
+    def inflate(request: Message, reply: Message) -> Message:
+        return _with_metrics(reply, num_examples=1e12)
+
+    # Before: the cap was the node's own registration claim, 1e12 too
+    tampers = {protocol.QUERY_INFO: _claim(train=1e12), MessageType.TRAIN: inflate}
+    strategy, records, aggregated = _run(tampers)
+    bound = CAP * _lower_median(strategy.federation.train_sizes)
+    assert bound < 1e4
+    assert f"partition {ATTACKER}: num-examples 1000000000000.0 capped at {int(bound)}" in (
+        records[0].rejections
+    )
+    weights = dict(_weight(strategy, reply) for reply in aggregated[0])
+    assert weights[ATTACKER] == bound
+    honest = {p: w for p, w in weights.items() if p != ATTACKER}
+    assert honest == {p: strategy.federation.train_sizes[p] for p in honest}
+
+
+def test_an_evaluation_weight_cannot_set_the_reported_accuracy() -> None:
+    def perfect(request: Message, reply: Message) -> Message:
+        return _with_metrics(reply, num_examples=1e12, accuracy=1.0)
+
+    tampers = {protocol.QUERY_INFO: _claim(test=1e12), MessageType.EVALUATE: perfect}
+    strategy, records, _ = _run(tampers)
+    (record,) = records
+    bound = CAP * _lower_median(strategy.federation.test_sizes)
+    clients = record.clients
+    weights = {int(p): c[protocol.NUM_EXAMPLES] for p, c in clients.items()}
+    assert weights[ATTACKER] == bound
+    honest = sum(w for p, w in weights.items() if p != ATTACKER)
+    # At most its capped share of the accuracy, not 0.9999999998
+    ceiling = (honest * _honest_accuracy(record) + bound * 1.0) / (honest + bound)
+    assert record.evaluate[protocol.ACCURACY] == pytest.approx(ceiling)
+    assert record.evaluate[protocol.ACCURACY] < 0.99
+
+
+def test_fedgmm_responsibilities_and_statistics_scale_with_a_capped_weight() -> None:
+    factor = 1e6
+
+    def inflate(request: Message, reply: Message) -> Message:
+        # Consistent and in bound: every sum over its samples scaled alike
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        for name in (mixture_family.GAMMA, *_STATISTICS):
+            arrays[name] = Array(arrays[name].numpy() * factor)
+        claimed = screening.num_examples(reply)
+        return _with_metrics(reply, num_examples=claimed * factor)
+
+    overrides = {
+        "algorithm": "fedgmm",
+        "dataset": "mixture",
+        "samples_per_client": 60,
+        "lr": 0.5,
+        "epochs": 1,
+    }
+    tampers = {protocol.QUERY_INFO: _claim(train=1e12), MessageType.TRAIN: inflate}
+    strategy, records, aggregated = _run(tampers, **overrides)
+    bound = CAP * _lower_median(strategy.federation.train_sizes)
+    (record,) = records
+    assert record.replies == NODES
+    (reply,) = [r for r in aggregated[0] if strategy.federation.partition(r) == ATTACKER]
+    arrays = screening.arrays_of(reply)
+    # gamma was never capped before: it weighed the learners and the components by 1e6
+    assert float(arrays[mixture_family.GAMMA].sum()) == pytest.approx(bound)
+    assert float(arrays[mixture_family.STATS_COUNT].sum()) == pytest.approx(bound)
+    assert screening.num_examples(reply) == bound
+
+
+_STATISTICS = (mixture_family.STATS_COUNT, mixture_family.STATS_FIRST, mixture_family.STATS_SECOND)
+
+
+# ------------------------------------------------------------ trimmed mean
+def test_trimmed_mean_trims_at_every_reply_count() -> None:
+    honest = [{"w": np.full(3, v, dtype=np.float64)} for v in (1.0, 2.0, 3.0)]
+    attacked = [*honest, {"w": np.full(3, 1e5)}]
+    # int(0.2 * 4) = 0 trimmed nothing: the mean moved by 2.5e4
+    np.testing.assert_array_equal(trimmed_mean(attacked, 0.2)["w"], np.full(3, 2.5))
+    with pytest.raises(AggregationError, match="cuts 1 of 2 replies at each end"):
+        trimmed_mean(honest[:2], 0.2)
+
+
+def test_trimmed_mean_that_would_trim_everything_is_refused_before_start() -> None:
+    values = run_config(
+        algorithm="fedavg",
+        dataset="digits",
+        num_clients=4,
+        fraction_train=0.5,
+        aggregation="trimmed-mean",
+    )
+    refused = re.escape("'aggregation-trim' = 0.2 cut 1 of the 2 replies")
+    with pytest.raises(ConfigError, match=refused):
+        RunConfig.from_mapping(values)
+
+
+# ------------------------------------------------------------------------ votes
+def test_two_colluders_cannot_choose_the_initial_model() -> None:
+    nodes, colluders = 5, (0, 1)  # the first three partitions chose it before
+
+    def crafted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: values + np.float32(1.0) for name, values in arrays.items()}
+
+    def app(message: Message, context: Context) -> Message:
+        if (
+            message.metadata.message_type != protocol.QUERY_INITIAL
+            or context.node_config["partition-id"] not in colluders
+        ):
+            return client_app(message, context)
+        plain = Message(RecordDict(), message_type=protocol.QUERY_INITIAL, dst_node_id=0)
+        plain.metadata.__dict__["_message_id"] = "plain"
+        honest = client_app(plain, context)
+        assert not honest.has_error()
+        arrays = crafted(screening.arrays_of(honest))
+        config = message.content.config_records.get(protocol.CONFIG, {})
+        if config.get(protocol.DIGEST):
+            arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
+        content = RecordDict(
+            {protocol.ARRAYS: ArrayRecord({k: Array(v) for k, v in arrays.items()})}
+        )
+        return Message(content, reply_to=message)
+
+    values = run_config(algorithm="fedavg", dataset="digits", num_clients=nodes)
+    initial = {}
+    for name, application in (("honest", client_app), ("attacked", app)):
+        strategy = build_strategy(RunConfig.from_mapping(values))
+        grid = InProcessGrid(application, values, nodes)
+        strategy.federation.connect(grid, timeout=5)
+        initial[name] = {k: a.numpy() for k, a in strategy.initial_arrays(grid, timeout=5).items()}
+    assert sorted(initial["attacked"]) == sorted(initial["honest"])
+    for name, honest in initial["honest"].items():
+        np.testing.assert_array_equal(initial["attacked"][name], honest)
+    assert [r.split(":")[0] for r in strategy.startup_rejections] == [
+        f"partition {p}" for p in colluders
+    ]
+
+
+def test_the_pilot_count_is_one_vote_per_agent() -> None:
+    from fedpers.strategies.peer_relay import _agreed_rows
+
+    def pilots(rows: int, arrays: int) -> RecordDict:
+        record = {f"{sheaf_family.PILOTS}.{i}": Array(np.zeros((rows, 4))) for i in range(arrays)}
+        return RecordDict({protocol.ARRAYS: ArrayRecord(record)})
+
+    # Before: counted per array, the attacker's five arrays outvoted three agents
+    honest = [pilots(10, 1) for _ in range(3)]
+    assert _agreed_rows([pilots(7, 5), *honest], asked=4) == 10
+    assert _agreed_rows([pilots(7, 5), *honest[:1]], asked=4) == 0  # no majority: none
+
+
+def test_a_new_node_does_not_take_over_a_partition_whose_node_answers() -> None:
+    from flwr.app import Context as FlowerContext
+
+    from fedpers.strategies.federation import Federation
+
+    values = run_config(algorithm="fedavg", dataset="digits", num_clients=3)
+    failing: set[int] = set()
+    grid = InProcessGrid(
+        client_app, values, 3, fail=lambda node, m: "down" if node in failing else None
+    )
+    federation = Federation(3)
+    federation.connect(grid, timeout=5)
+    old = federation.node_of_partition[1]
+    grid.contexts[999] = FlowerContext(
+        run_id=1,
+        node_id=999,
+        node_config={"partition-id": 1, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=dict(values),
+    )
+    federation.refresh(grid, timeout=5)
+    assert federation.node_of_partition[1] == old  # taken over with an info log before
+    (note,) = federation.take_notes()
+    assert note.startswith(f"partition 1: node 999 claims it while node {old} still answers")
+    # Once its node misses a message, the partition may move
+    failing.add(old)
+    federation.broadcast(grid, protocol.QUERY_INFO, [1], RecordDict(), timeout=5)
+    federation.refresh(grid, timeout=5)
+    assert federation.node_of_partition[1] == 999
+    assert federation.take_notes() == []
+
+
+# ----------------------------------------------------------- bounded statistics
+MIXTURE = {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60, "lr": 0.5}
+
+
+def _statistics(change: Callable[[dict[str, np.ndarray]], None]) -> Tamper:
+    def tamper(request: Message, reply: Message) -> Message:
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        values = {name: arrays[name].numpy().copy() for name in _STATISTICS}
+        change(values)
+        for name, value in values.items():
+            arrays[name] = Array(np.ascontiguousarray(value))
+        return reply
+
+    return tamper
+
+
+def _scaled_second(values: dict[str, np.ndarray]) -> None:
+    values[mixture_family.STATS_SECOND] *= 1e300
+
+
+def _shifted(values: dict[str, np.ndarray]) -> None:
+    # Every sample moved by 1e6: consistent statistics of data far from any component
+    count, first = values[mixture_family.STATS_COUNT], values[mixture_family.STATS_FIRST]
+    delta = np.full(first.shape[1], 1e6)
+    shift = count[:, None] * delta
+    values[mixture_family.STATS_SECOND] += (
+        np.einsum("ki,j->kij", first, delta)
+        + np.einsum("i,kj->kij", delta, first)
+        + np.einsum("k,i,j->kij", count, delta, delta)
+    )
+    values[mixture_family.STATS_FIRST] = first + shift
+
+
+@pytest.mark.parametrize("change", [_scaled_second, _shifted], ids=["second-x1e300", "shift-1e6"])
+def test_fedgmm_statistics_far_beyond_the_components_are_left_out(
+    change: Callable[[dict[str, np.ndarray]], None],
+) -> None:
+    _, records, _ = _run({MessageType.TRAIN: _statistics(change)}, **MIXTURE)
+    (record,) = records
+    # Left out: by the spread bound, or (the shift's second moments lose the digits of
+    # its covariance) as not PSD at the matrix's own scale; both adopted before
+    (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+    assert "spread" in reason or "not positive semi-definite" in reason, reason
+    assert record.replies == NODES - 1
+
+
+def test_one_huge_matrix_does_not_widen_the_psd_tolerance_of_another() -> None:
+    huge = np.eye(3) * 1e12
+    negative = np.eye(3) - 2.0 * np.outer([1, 0, 0], [1, 0, 0])  # eigenvalue -1
+    # Before: the tolerance 1e-6 x 1e12 x 3 of the huge one let -1 pass
+    reason = screening.symmetric_psd_defect("second moments", np.stack([huge, negative]))
+    assert reason == "'second moments' [1] is not positive semi-definite (eigenvalue -1)"
