@@ -105,12 +105,12 @@ class PeerRelay(FedpersStrategy):
         if not self.pilot_count:
             self.pilot_count = _agreed_rows(exchange.ok().values(), asked=len(contents))
             if not self.pilot_count:
-                reason = (
+                no_vote = (
                     f"{message_type}: no majority of the {len(contents)} agents asked agrees "
                     "on the number of pilots; no pilots are relayed this round"
                 )
-                logger.warning("round %d: %s", server_round, reason)
-                self._relay_rejections.setdefault(server_round, []).append(reason)
+                logger.warning("round %d: %s", server_round, no_vote)
+                self._relay_rejections.setdefault(server_round, []).append(no_vote)
         good: dict[int, dict[str, np.ndarray]] = {}
         for agent, reply in exchange.replies.items():
             relayed = functools.partial(self._relay_defect, expected=expected(agent))
