@@ -94,15 +94,18 @@ class FedpersStrategy(Strategy):
 
         Every process builds the same model from the seed, so the server needs no model
         code (and no torch) to start. Every node is asked for the SHA-256 of what it
-        builds (32 bytes, ``protocol.arrays_digest``); the digest that more than half of
-        the registered nodes give is the model, and the arrays come from the first node
-        of that majority whose arrays have it. No minority of nodes can choose the start
-        (three nodes were asked before: two colluders chose it).
+        builds (32 bytes, ``protocol.arrays_digest``), and nodes of equal digests form a
+        group. From the largest group down, the server fetches one member's arrays: a
+        group whose members send none that pass screening and match their digest casts
+        no vote. The model is that of the group with more than half of the votes cast,
+        so no minority of nodes chooses it (three nodes were asked before: two colluders
+        chose the start), and nodes that send a broken model cannot block the others.
+        In a clean run one group holds every node and one fetch decides.
 
         Raises
         ------
         PopulationError
-            If no digest has a majority, or no node of the majority sends its arrays.
+            If no group has more than half of the valid votes.
         """
         if not self.shared:
             return ArrayRecord()
@@ -111,21 +114,41 @@ class FedpersStrategy(Strategy):
         digests = self.startup(
             grid, protocol.QUERY_INITIAL, everyone, ask, timeout, check=_digest_defect
         )
-        majority = _majority(digests, len(everyone))
-        if not majority:
+        groups: dict[bytes, list[int]] = {}
+        for partition, answer in sorted(digests.items()):
+            groups.setdefault(answer[protocol.DIGEST].tobytes(), []).append(partition)
+        pending = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1]))
+        unverified, valid = len(digests), 0
+        chosen: tuple[list[int], dict[str, np.ndarray]] | None = None
+        for digest, members in pending:
+            unverified -= len(members)
+            arrays = self._arrays_of_digest(grid, digest, members, timeout)
+            if arrays is not None:
+                valid += len(members)
+                chosen = chosen or (members, arrays)
+            if chosen is not None and 2 * len(chosen[0]) > valid + unverified:
+                break  # no later group can outvote it, whatever it holds
+        if chosen is None or not 2 * len(chosen[0]) > valid + unverified:
             raise PopulationError(
-                f"no digest of the initial model is given by more than half of the "
-                f"{len(everyone)} nodes; check that every node runs the same fedpers "
-                "version and run config"
+                f"no initial model is built by more than half of the {valid} nodes that "
+                "sent a valid one; check that every node runs the same fedpers version and "
+                "run config"
             )
-        wanted = digests[majority[0]][protocol.DIGEST]
-        for partition in sorted(set(digests) - set(majority)):
+        members, arrays = chosen
+        for partition in sorted(set(digests) - set(members)):
             self.reject_at_startup(
                 partition,
-                f"{protocol.QUERY_INITIAL}: its initial model is not the one the majority "
-                f"of the {len(everyone)} nodes builds",
+                f"{protocol.QUERY_INITIAL}: its initial model is not the majority's",
             )
-        for partition in majority:
+        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+    def _arrays_of_digest(
+        self, grid: Grid, digest: bytes, members: list[int], timeout: float
+    ) -> dict[str, np.ndarray] | None:
+        """The arrays of the first of ``members`` (at most three are asked) whose answer
+        passes screening and has ``digest``, or None (each member that fails is
+        recorded)."""
+        for partition in members[:3]:
             try:
                 answer = self.startup(
                     grid, protocol.QUERY_INITIAL, [partition], RecordDict(), timeout
@@ -133,15 +156,12 @@ class FedpersStrategy(Strategy):
             except PopulationError:
                 continue  # recorded as a start-up rejection
             arrays = answer[partition]
-            if np.array_equal(protocol.arrays_digest(arrays), wanted):
-                return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+            if protocol.arrays_digest(arrays).tobytes() == digest:
+                return arrays
             self.reject_at_startup(
                 partition, f"{protocol.QUERY_INITIAL}: its arrays differ from its digest"
             )
-        raise PopulationError(
-            "no node of the majority sent the initial arrays of its digest; "
-            f"{self._startup_rejections[:3]}"
-        )
+        return None
 
     def startup(
         self,
@@ -527,16 +547,6 @@ def _digest_defect(reply: Message) -> str | None:
     if digest.shape != (32,) or digest.dtype != np.uint8:
         return f"'{protocol.DIGEST}' is {digest.dtype}{list(digest.shape)}, not uint8[32]"
     return None
-
-
-def _majority(answers: dict[int, dict[str, np.ndarray]], voters: int) -> list[int]:
-    """The partitions (sorted) whose digests are equal and more than half of ``voters``,
-    or none: each partition's node votes once."""
-    votes: dict[bytes, list[int]] = {}
-    for partition, arrays in sorted(answers.items()):
-        votes.setdefault(arrays[protocol.DIGEST].tobytes(), []).append(partition)
-    best = max(votes.values(), key=len, default=[])
-    return best if 2 * len(best) > voters else []
 
 
 def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:

@@ -283,11 +283,17 @@ class Federation:
             by_partition[partition] = message
         partitions = sorted(by_partition)
         result = Exchange(partitions)
-        outgoing = [by_partition[p] for p in partitions]
+        registered = set(grid.get_node_ids())  # the SuperLink drops a message to another
+        outgoing = [
+            m for p in partitions if (m := by_partition[p]).metadata.dst_node_id in registered
+        ]
         by_node = {r.metadata.src_node_id: r for r in send_and_collect(grid, outgoing, timeout)}
         for partition, node in zip(partitions, self.nodes(partitions), strict=True):
             reply = by_node.get(node)
             self.missed.add(partition)
+            if node not in registered:
+                result.failures[partition] = f"node {node} is no longer registered"
+                continue
             if reply is None:
                 result.failures[partition] = f"no reply within {timeout:g} s"
                 continue

@@ -28,8 +28,9 @@ from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 
 # Network namespaces, a bridge and a firewall rule of its own, checked as found after: no
 # other namespace test beside it (one xdist worker for all), and the module's cluster
-# started once.
-pytestmark = [pytest.mark.flower, pytest.mark.xdist_group("netns")]
+# started once. make test runs these after the others, alone (marker netns): beside a
+# worker's simulations a deployed round took 50 s and the killed-node run ran out of time.
+pytestmark = [pytest.mark.flower, pytest.mark.netns, pytest.mark.xdist_group("netns")]
 
 NODES = 3
 RUN = {

@@ -124,9 +124,15 @@ def test_unseen_clients_only_take_part_in_the_final_evaluation() -> None:
         grid, initial, num_rounds=3, train_config=_config(config), evaluate_config=_config(config)
     )
     unseen_nodes = {grid.node_of(8), grid.node_of(9)}
-    # Only `query.info` (which partition does a node hold?) reaches them before the end.
     to_unseen = [m for m in grid.sent if m.metadata.dst_node_id in unseen_nodes]
-    assert {m.metadata.message_type for m in to_unseen} == {protocol.QUERY_INFO}
+    # Before the end they take part only in start-up: which partition they hold, and the
+    # vote on the initial model (the digest of what they build)
+    assert {m.metadata.message_type for m in to_unseen} == {
+        protocol.QUERY_INFO,
+        protocol.QUERY_INITIAL,
+    }
+    votes = [m for m in to_unseen if m.metadata.message_type == protocol.QUERY_INITIAL]
+    assert all(m.content[protocol.CONFIG][protocol.DIGEST] == 1 for m in votes)
     before = len(grid.sent)
     final = strategy.final_test(grid, result.arrays, _config(config), server_round=4, timeout=5)
     finals = grid.sent[before:]
