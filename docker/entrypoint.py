@@ -78,8 +78,12 @@ def supernode_args(
     isolation: str = "subprocess",
     health: str | None = None,
     trusted_entities: str | None = None,
+    program: tuple[str, ...] = ("flower-supernode",),
 ) -> list[str]:
     """SuperNode ``index``: its partition, its key, its state directory.
+
+    ``program``: the command and its own flags, ``("fedpers-supernode", "--poll-interval",
+    "0.2")`` for the SuperNode with shorter waits (``fedpers.supernode``).
 
     ``trusted_entities``: a YAML file of app publishers' ed25519 keys; the node then runs
     only apps signed by one of them. In Flower 1.42 signatures reach a SuperNode only with
@@ -87,7 +91,7 @@ def supernode_args(
     """
     node_config = f"partition-id={index} num-partitions={num_nodes} state-dir='{state_dir}'"
     command = [
-        "flower-supernode",
+        *program,
         "--root-certificates", f"{credentials}/ca.crt",
         "--superlink", superlink,
         "--auth-supernode-private-key", key or f"{credentials}/node{index}",

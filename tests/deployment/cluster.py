@@ -139,10 +139,21 @@ class Hosts:
 
 
 class Cluster:
-    """A SuperLink and SuperNodes of docker/entrypoint.py, as processes on ``Hosts``."""
+    """A SuperLink and SuperNodes of docker/entrypoint.py, as processes on ``Hosts``.
 
-    def __init__(self, work: Path, *, nodes: int, extra_keys: int = 1) -> None:
+    ``supernode_program``: what runs each SuperNode, Flower's ``flower-supernode`` or
+    ``fedpers-supernode`` with its flags (``fedpers.supernode``)."""
+
+    def __init__(
+        self,
+        work: Path,
+        *,
+        nodes: int,
+        extra_keys: int = 1,
+        supernode_program: tuple[str, ...] = ("flower-supernode",),
+    ) -> None:
         self.entrypoint = load_script("entrypoint")
+        self.supernode_program = supernode_program
         credentials = load_script("credentials")
         self.work = work
         self.nodes = nodes
@@ -179,7 +190,9 @@ class Cluster:
         log = self.work / f"{name}-{len([k for k in self.logs if k.startswith(name)])}.log"
         self.logs[name] = log
         command = (
-            [str(BIN / command[0]), *command[1:]] if command[0].startswith("flower-") else command
+            [str(BIN / command[0]), *command[1:]]
+            if command[0].startswith(("flower-", "fedpers-"))
+            else command
         )
         process = subprocess.Popen(
             self.hosts.wrap(name, command),
@@ -226,6 +239,7 @@ class Cluster:
                 state_dir=str(self.work / "device-state" / f"node{partition}"),
                 port=port,
                 key=key or str(self.credentials / f"node{index}" / f"node{index}"),
+                program=self.supernode_program,
             ),
         )
 
