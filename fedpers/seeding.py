@@ -37,6 +37,24 @@ def int_seed(seed: int, *keys: int | str) -> int:
     return int(stream_seed(seed, *keys).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 
+def seed_torch(seed: int, device_type: str = "cpu") -> None:
+    """Seed torch's global generator for ``device_type``, as ``torch.manual_seed`` does.
+
+    On the CPU only the CPU generator is seeded: ``torch.manual_seed`` also queues a
+    seeding of every accelerator, and with CUDA built in but not started each queued call
+    formats the Python stack (``torch.cuda._lazy_call``), which cost seconds per script
+    run when clients seed dropout for every training call. CPU draws (weight initialisation,
+    dropout) come from the CPU generator alone, so the results are the same bits. On an
+    accelerator, ``torch.manual_seed`` seeds its generator too.
+    """
+    import torch
+
+    if device_type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 @contextmanager
 def isolated_global_numpy_and_random() -> Iterator[None]:
     """Restore numpy's and Python's global RNG state on exit.

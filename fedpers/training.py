@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedpers.seeding import seed_torch
+
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA when a GPU is visible, else the CPU; ``cpu`` or ``cuda`` as asked.
@@ -142,7 +144,7 @@ def train(
     dropout_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     fork = torch.random.fork_rng(devices=[])
     fork.__enter__()
-    torch.manual_seed(dropout_seed)
+    seed_torch(dropout_seed, x.device.type)
     try:
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=generator)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from fedpers.data.registry import MODEL_INPUTS
+from fedpers.seeding import seed_torch
 
 
 class SplitModel(nn.Module):
@@ -151,7 +152,7 @@ def build_model(
 @lru_cache(maxsize=64)
 def _prototype(name: str, num_classes: int, seed: int, input_shape: tuple[int, ...]) -> SplitModel:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_torch(seed)
         return MODELS[name](input_shape, num_classes)
 
 

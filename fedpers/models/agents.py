@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedpers.seeding import seed_torch
 from fedpers.sheaf import EIGENVALUE_FLOOR, AgentSpec
 
 
@@ -62,7 +63,7 @@ def build_agent(spec: AgentSpec, dataset: str, num_classes: int, seed: int) -> A
     with ``hidden`` and ``latent`` channels. Heads: latent -> head_hidden -> classes.
     """
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_torch(seed)
         if dataset == "digits":
             body: nn.Module = nn.Sequential(
                 nn.Linear(64, spec.hidden),

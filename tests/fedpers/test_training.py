@@ -151,3 +151,45 @@ def test_random_crop_flip_keeps_shape_and_content_scale() -> None:
     out = random_crop_flip(padding=2)(x, torch.Generator().manual_seed(0))
     assert out.shape == x.shape
     assert set(out.unique().tolist()) <= set(x.unique().tolist()) | {0.0}
+
+
+def test_dropout_and_initial_weights_are_the_bits_torch_manual_seed_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fedpers seeds only the CPU generator (fedpers.seeding.seed_torch); torch's own
+    ``manual_seed``, which also queues every accelerator's seeding, is the oracle."""
+    import fedpers.models as models_module
+    import fedpers.training as training_module
+    from fedpers.models.agents import build_agent
+    from fedpers.sheaf import AgentSpec
+
+    def run() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        models_module._prototype.cache_clear()
+        model = build_model("cifar100-cnn", 100, seed=3)  # dropout 0.6 in its body
+        x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        train(
+            model,
+            x,
+            torch.arange(8),
+            parts=("body", "head"),
+            epochs=1,
+            settings=SETTINGS,
+            generator=torch.Generator().manual_seed(1),
+        )
+        agent = build_agent(AgentSpec(8, 16, 8, 0.5), "digits", 10, seed=4)
+        return part_arrays(model, ("body", "head")), {
+            k: v.detach().numpy().copy() for k, v in agent.state_dict().items()
+        }
+
+    ours = run()
+    oracle = torch.manual_seed
+    # The three modules import seed_torch by name: patch each.
+    monkeypatch.setattr(training_module, "seed_torch", lambda seed, device="cpu": oracle(seed))
+    monkeypatch.setattr(models_module, "seed_torch", lambda seed, device="cpu": oracle(seed))
+    monkeypatch.setattr("fedpers.models.agents.seed_torch", lambda seed, device="cpu": oracle(seed))
+    theirs = run()
+    models_module._prototype.cache_clear()
+    for mine, other in zip(ours, theirs, strict=True):
+        assert set(mine) == set(other)
+        for name in mine:
+            np.testing.assert_array_equal(mine[name], other[name])
