@@ -2,6 +2,7 @@
 every aggregation.
 
     python -m simulations.robustness --out DIR [--quick] [--scale S] [--parallel N]
+                                     [--sweep-replies N] [--replies-per-round 4,10,40]
 
 1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL) and each kind of
    malformed reply or attack that applies to it (``fedpers.faults.KINDS``), a case: one
@@ -11,21 +12,31 @@ every aggregation.
    reason (malformed kinds) or capped (inflated sizes), and was every adopted global
    state well formed (``server.state-well-formed`` of every round, and the final arrays
    read back here).
-2. **Attacks.** MNIST-1D, 100 clients x 2 classes (``fedrep_images``' defaults),
+   These cases are the fault list of ``fedpers.faults``: a regression suite.
+2. **Reply sweep.** ``--sweep-replies`` replies per family and phase (training and
+   evaluation), generated from the record grammar (``fedpers.simulations.reply_fuzz``,
+   hypothesis, seeded by the first seed) and sent in place of one node's reply, in
+   process; every property the server guarantees is checked on every reply and every
+   violation counted (default 1,250: 10,000 replies in all; 10 with ``--quick``).
+3. **Attacks.** MNIST-1D, 100 clients x 2 classes (``fedrep_images``' defaults),
    FedRep and FedAvg; 10% of the clients (partitions 0-9) attack from round 1:
    ``sign-flip`` (the update sent as ``-scale`` times itself) or ``inflate-examples``
-   (1e12 samples claimed); under each aggregation. ``clean`` is the plain mean without
-   attackers; every accuracy is the usual final accuracy (mean of the last 10 rounds).
+   (1e12 samples claimed); under each aggregation, at each of ``--replies-per-round``
+   (``fraction-train`` = replies / clients; the trimmed mean cuts ``ceil(trim x k)``
+   of k). ``clean`` is the plain mean without attackers; every accuracy is the usual
+   final accuracy (mean of the last 10 rounds).
 
 Writes DIR/summary.json ``{"fuzz": {"cases": N, "runs_crashed": n, "replies_rejected":
-n, "corrupt_states_adopted": n, ...}, "attack": {ALGO: {"clean": acc, ATTACK:
-{AGGREGATION: acc}}}}``, DIR/table.md, DIR/cases.json (every case) and the runs under
-DIR/runs/.
+n, "corrupt_states_adopted": n, ...}, "sweep": {"replies": N, "exceptions": n,
+"violations": {KIND: n}, "by_case": [...]}, "attack": {REPLIES: {ALGO: {"clean": acc,
+ATTACK: {AGGREGATION: acc}}}}}``, DIR/table.md, DIR/cases.json (every case) and the
+runs under DIR/runs/.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +98,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 CLIENTS = 6  # clients of a fuzz run; every one trains every round
 SIGN_FLIP_SCALE = 10.0
+SWEEP_REPLIES = 1250  # per family and phase: 4 families x 2 phases = 10,000 replies
+QUICK_SWEEP_REPLIES = 10
+REPLIES_PER_ROUND = (4, 10, 40)
+QUICK_REPLIES_PER_ROUND = (4, 10)
 
 
 @dataclass
@@ -203,27 +218,36 @@ def attack_runs(
     runs_dir: Path,
     seeds: Sequence[int] = (0,),
     values: Mapping[str, Any] | None = None,
+    replies: Sequence[int] = REPLIES_PER_ROUND,
 ) -> list[dict[str, Any]]:
-    """Every run of the attack table (as run-config overrides), once per seed;
-    ``values`` (from ``--run-config``) change any key of every run."""
+    """Every run of the attack table (as run-config overrides), once per seed and per
+    count of ``replies`` per round; ``values`` (from ``--run-config``) change any key
+    of every run."""
     runs = []
     for seed in seeds:
-        for overrides in _attack_runs(quick, scale, runs_dir):
-            runs.append(
-                {
-                    **overrides,
-                    **(values or {}),
-                    "seed": seed,
-                    "run-name": f"{overrides['run-name']}-seed{seed}",
-                }
-            )
+        for count in replies:
+            for overrides in _attack_runs(quick, scale, runs_dir, count):
+                runs.append(
+                    {
+                        **overrides,
+                        **(values or {}),
+                        "seed": seed,
+                        "run-name": f"{overrides['run-name']}-seed{seed}",
+                    }
+                )
     return runs
 
 
-def _attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, Any]]:
-    base: dict[str, Any] = {"dataset": "mnist1d", "results-dir": str(runs_dir)}
+def _attack_runs(quick: bool, scale: float, runs_dir: Path, replies: int) -> list[dict[str, Any]]:
+    clients = 20 if quick else 100
+    base: dict[str, Any] = {
+        "dataset": "mnist1d",
+        "results-dir": str(runs_dir),
+        "num-clients": clients,
+        "fraction-train": replies / clients,
+    }
     if quick:
-        base.update({"num-clients": 20, "num-rounds": 3, "final-rounds": 2, "fraction-train": 0.5})
+        base.update({"num-rounds": 3, "final-rounds": 2})
     attackers = "0-9" if not quick else "0-1"  # 10% of the clients
     attacks = {
         "sign-flip": f"sign-flip={scale:g}:{attackers}",
@@ -238,13 +262,18 @@ def _attack_runs(quick: bool, scale: float, runs_dir: Path) -> list[dict[str, An
                 "algorithm": algorithm,
                 "aggregation": aggregation.value,
                 "fault-injection": attacks.get(attack, ""),
-                "run-name": f"{algorithm}-{attack}-{aggregation.value}",
+                "run-name": f"{algorithm}-r{replies}-{attack}-{aggregation.value}",
             }
         )
 
     for algorithm in ("fedrep", "fedavg"):
-        if quick:  # FedRep: each attack on the mean, the sign flip on the trimmed mean;
-            # FedAvg: the sign flip on the mean
+        if quick:  # 10 replies: FedRep, each attack on the mean, the sign flip on the
+            # trimmed mean; FedAvg, the sign flip on the mean. 4 replies: FedRep's sign
+            # flip on the trimmed mean (which cut nothing there before ceil)
+            if replies != 10:
+                if algorithm == "fedrep":
+                    add(algorithm, Aggregation.TRIMMED_MEAN, "sign-flip")
+                continue
             attacked = ("clean", *attacks) if algorithm == "fedrep" else ("clean", "sign-flip")
             for attack in attacked:
                 add(algorithm, Aggregation.MEAN, attack)
@@ -271,12 +300,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fuzz = {
         name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
     }
+    replies = args.replies_per_round or (
+        QUICK_REPLIES_PER_ROUND if args.quick else REPLIES_PER_ROUND
+    )
     attacks = (
-        [] if args.skip_attacks else attack_runs(args.quick, args.scale, runs_dir, seeds, values)
+        []
+        if args.skip_attacks
+        else attack_runs(args.quick, args.scale, runs_dir, seeds, values, replies)
     )
     validate_runs([*fuzz.values(), *attacks])
+    sweep_replies = args.sweep_replies
+    if sweep_replies is None:
+        sweep_replies = QUICK_SWEEP_REPLIES if args.quick else SWEEP_REPLIES
+    if sweep_replies and importlib.util.find_spec("hypothesis") is None:
+        raise SystemExit(
+            "error: the reply sweep needs hypothesis: pip install 'fedpers[dev]', "
+            "or --sweep-replies 0 to leave it out"
+        )
     kwargs = resources(args)
     out = prepare_output(args.out, overwrite=args.overwrite)
+    sweep = _reply_sweep(sweep_replies, seeds[0])
     with LocalSimulation() as simulation:
 
         def attempt(overrides: dict[str, Any]) -> Path | None:
@@ -299,13 +342,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     attack_summary = _attack_table(attacks, attack_dirs)
     result = {
         "fuzz": fuzz_summary,
+        "sweep": sweep,
         "attack": attack_summary,
         "sign_flip_scale": args.scale,
         "seeds": seeds,
         "quick": args.quick,
     }
     write_json(out / "summary.json", result)
-    table = _report(fuzz_summary, attack_summary, every)
+    table = _report(fuzz_summary, sweep, attack_summary, every)
     (out / "table.md").write_text(table)
     print(f"\n{table}\nresults: {out}")
     return result
@@ -321,7 +365,59 @@ def _parser() -> argparse.ArgumentParser:
         f"(default {SIGN_FLIP_SCALE:g})",
     )
     parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
+    parser.add_argument(
+        "--sweep-replies",
+        type=_count,
+        default=None,
+        help=f"generated replies per family and phase in the reply sweep; 0 leaves it "
+        f"out (default {SWEEP_REPLIES}, {QUICK_SWEEP_REPLIES} with --quick)",
+    )
+    parser.add_argument(
+        "--replies-per-round",
+        type=_counts,
+        default=None,
+        help="the attack table's replies per round, comma-separated (default "
+        + ",".join(map(str, REPLIES_PER_ROUND))
+        + "; with --quick "
+        + ",".join(map(str, QUICK_REPLIES_PER_ROUND))
+        + ")",
+    )
     return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
+    return value
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    values = tuple(_count(part) for part in text.split(","))
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give replies per round as 4,10,40")
+    return values
+
+
+def _reply_sweep(examples: int, seed: int) -> dict[str, Any]:
+    """The reply sweep's counts, in all and by family and phase (empty when left out)."""
+    if examples == 0:
+        return {}
+    from fedpers.simulations import reply_fuzz  # needs hypothesis: imported on use
+
+    counts = reply_fuzz.sweep(list(reply_fuzz.FAMILIES), examples, seed=seed)
+    return {
+        "replies": sum(c.replies for c in counts),
+        "exceptions": sum(c.exceptions for c in counts),
+        "kept": sum(c.kept for c in counts),
+        "violations": {k: sum(c.violations[k] for c in counts) for k in reply_fuzz.KINDS},
+        "seconds": sum(c.seconds for c in counts),
+        "seed": seed,
+        "by_case": [asdict(c) for c in counts],
+    }
 
 
 def _fuzz_summary(every: list[Case], fuzz_dirs: dict[str, Path | None]) -> dict[str, Any]:
@@ -347,18 +443,20 @@ def _fuzz_summary(every: list[Case], fuzz_dirs: dict[str, Path | None]) -> dict[
 
 def _attack_table(
     runs: list[dict[str, Any]], directories: list[Path | None]
-) -> dict[str, dict[str, Any]]:
-    """Final accuracy of every attack run by algorithm, attack and aggregation: the mean
-    over seeds (each seed's in ``per_seed``, the std in ``std``, the 95% interval in
-    ``ci95``). A run that an attack
-    drove to a stop (every reply rejected, fewer than min-replies) counts with the mean
-    of its last evaluated rounds, and is listed under ``stopped`` (by seed)."""
-    table: dict[str, dict[str, Any]] = {}
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Final accuracy of every attack run by replies per round, algorithm, attack and
+    aggregation: the mean over seeds (each seed's in ``per_seed``, the std in ``std``,
+    the 95% interval in ``ci95``). A run that an attack drove to a stop (every reply
+    rejected, fewer than min-replies) counts with the mean of its last evaluated
+    rounds, and is listed under ``stopped`` (by seed)."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
     for overrides, directory in zip(runs, directories, strict=True):
         algorithm, aggregation = overrides["algorithm"], overrides["aggregation"]
+        replies = round(overrides["fraction-train"] * overrides["num-clients"])
+        prefix = f"{algorithm}-r{replies}-"
         suffix = f"-{aggregation}-seed{overrides['seed']}"
-        attack = overrides["run-name"][len(algorithm) + 1 : -len(suffix)]
-        entry = table.setdefault(algorithm, {})
+        attack = overrides["run-name"][len(prefix) : -len(suffix)]
+        entry = table.setdefault(str(replies), {}).setdefault(algorithm, {})
         if directory is not None:
             accuracy = read_summary(directory)["final_accuracy"]
         else:
@@ -371,22 +469,28 @@ def _attack_table(
         entry.setdefault("per_seed", {}).setdefault(attack, {}).setdefault(aggregation, []).append(
             accuracy
         )
-    for entry in table.values():
-        stats: dict[str, Any] = {}
-        add_statistics(stats, "accuracy", entry["per_seed"])
-        entry["std"] = stats["accuracy_std"]
-        entry["ci95"] = stats["accuracy_ci95"]
-        for attack, by_aggregation in stats["accuracy"].items():
-            if attack == "clean":
-                entry["clean_by_aggregation"] = by_aggregation
-                if Aggregation.MEAN.value in by_aggregation:
-                    entry["clean"] = by_aggregation[Aggregation.MEAN.value]
-            else:
-                entry[attack] = by_aggregation
+    for by_algorithm in table.values():
+        for entry in by_algorithm.values():
+            stats: dict[str, Any] = {}
+            add_statistics(stats, "accuracy", entry["per_seed"])
+            entry["std"] = stats["accuracy_std"]
+            entry["ci95"] = stats["accuracy_ci95"]
+            for attack, by_aggregation in stats["accuracy"].items():
+                if attack == "clean":
+                    entry["clean_by_aggregation"] = by_aggregation
+                    if Aggregation.MEAN.value in by_aggregation:
+                        entry["clean"] = by_aggregation[Aggregation.MEAN.value]
+                else:
+                    entry[attack] = by_aggregation
     return table
 
 
-def _report(fuzz: dict[str, Any], attack: dict[str, dict[str, Any]], cases: list[Case]) -> str:
+def _report(
+    fuzz: dict[str, Any],
+    sweep: dict[str, Any],
+    attack: dict[str, dict[str, dict[str, Any]]],
+    cases: list[Case],
+) -> str:
     lines = [
         "# Fuzz sweep",
         "",
@@ -409,25 +513,57 @@ def _report(fuzz: dict[str, Any], attack: dict[str, dict[str, Any]], cases: list
             ],
         ),
     ]
+    if sweep:
+        kinds = list(sweep["violations"])
+        lines += [
+            "# Reply sweep (generated replies)",
+            "",
+            markdown_table(
+                ["family", "phase", "replies", "kept", "exceptions", *kinds],
+                [
+                    (
+                        c["family"],
+                        c["phase"],
+                        c["replies"],
+                        c["kept"],
+                        c["exceptions"],
+                        *(c["violations"][k] for k in kinds),
+                    )
+                    for c in sweep["by_case"]
+                ]
+                + [
+                    (
+                        "all",
+                        "",
+                        sweep["replies"],
+                        sweep["kept"],
+                        sweep["exceptions"],
+                        *(sweep["violations"][k] for k in kinds),
+                    )
+                ],
+            ),
+        ]
     if attack:
         aggregations = [a.value for a in Aggregation]
         rows = []
-        for algorithm, entry in attack.items():
-            clean = 100 * entry.get("clean", float("nan"))
-            for name in ("sign-flip", "inflate-examples"):
-                by_attack = entry.get(name, {})
-                accuracies = [100 * by_attack.get(a, float("nan")) for a in aggregations]
-                rows.append((algorithm, name, clean, *accuracies))
-            if "clean_by_aggregation" in entry:
-                by = entry["clean_by_aggregation"]
-                accuracies = [100 * by.get(a, float("nan")) for a in aggregations]
-                rows.append(
-                    (algorithm, "none", 100 * entry.get("clean", float("nan")), *accuracies)
-                )
+        for replies, by_algorithm in attack.items():
+            for algorithm, entry in by_algorithm.items():
+                clean = 100 * entry.get("clean", float("nan"))
+                for name in ("sign-flip", "inflate-examples"):
+                    by_attack = entry.get(name, {})
+                    accuracies = [100 * by_attack.get(a, float("nan")) for a in aggregations]
+                    rows.append((replies, algorithm, name, clean, *accuracies))
+                if "clean_by_aggregation" in entry:
+                    by = entry["clean_by_aggregation"]
+                    accuracies = [100 * by.get(a, float("nan")) for a in aggregations]
+                    rows.append((replies, algorithm, "none", clean, *accuracies))
         lines += [
             "# Attacks (final accuracy, %)",
             "",
-            markdown_table(["algorithm", "attack", "clean (mean)", *aggregations], rows),
+            markdown_table(
+                ["replies per round", "algorithm", "attack", "clean (mean)", *aggregations],
+                rows,
+            ),
         ]
     return "\n".join(lines)
 

@@ -32,7 +32,19 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     assert fuzz["replies_rejected"] == len(expected)
     assert all(c["reason"] for c in expected)
     assert all("capped at" in c["reason"] for c in cases if c["expect"] == "capped")
-    attack = summary["attack"]
+    # The reply sweep: 10 generated replies per family and phase, none breaking a
+    # property; the run's flwr runs after it still finished (runs_crashed above)
+    sweep = summary["sweep"]
+    assert sweep["replies"] == len(sweep["by_case"]) * 10 == 80
+    assert sweep["exceptions"] == 0
+    assert sweep["violations"] == dict.fromkeys(sweep["violations"], 0)
+    assert len(sweep["violations"]) == 4
+    assert 0 < sweep["kept"] < sweep["replies"]
+    assert set(summary["attack"]) == {"4", "10"}
+    # 4 replies a round: the trimmed mean now cuts one value at each end
+    assert set(summary["attack"]["4"]) == {"fedrep"}
+    assert set(summary["attack"]["4"]["fedrep"]["sign-flip"]) == {"trimmed-mean"}
+    attack = summary["attack"]["10"]
     for algorithm in ("fedrep", "fedavg"):
         entry = attack[algorithm]
         assert 0.0 < entry["clean"] <= 1.0
@@ -42,5 +54,8 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     # The size cap: honest updates with inflated sizes weigh what they hold, so the
     # plain mean is the clean run's, to the bit.
     assert attack["fedrep"]["inflate-examples"] == {"mean": attack["fedrep"]["clean"]}
-    assert (tmp_path / "table.md").read_text().startswith("# Fuzz sweep")
+    table = (tmp_path / "table.md").read_text()
+    assert table.startswith("# Fuzz sweep")
+    assert "# Reply sweep (generated replies)" in table
+    assert "| 4 | fedrep | sign-flip |" in table
     assert_through_flower(through_flower, tmp_path)

@@ -1,0 +1,474 @@
+"""Replies generated from the record grammar, and the properties the server guarantees
+for any of them (docs/architecture.md, "What the server guarantees").
+
+A generated reply is one node's honest reply of the round, changed by one to three
+edits of the record grammar (any records, names, kinds, shapes, dtypes, values, metric
+keys, claimed weights), sent in place of that node's training or evaluation reply. It
+goes through the round loop's own steps (``train_step``, ``evaluate_step``) against real
+ClientApps in this process (``fedpers.simulations.inprocess``). For every reply:
+
+- no exception escapes the step;
+- the adopted state is well formed (the model's arrays, finite, and what the strategy's
+  ``state_defect`` demands), and the round adopts it: one reply never voids a round;
+- its influence is within the stated bounds: its weight at most what it registered and
+  at most ``weight-cap`` x the lower median of what all registered (computed here, not
+  by ``Federation.weight_bounds``), every adopted value at most ``screening.HUGE`` times
+  the largest value sent (at least 1), its evaluation metrics in their ranges;
+- what is rejected is recorded with a reason naming the partition.
+
+``tests/strategies/test_reply_fuzz.py`` runs these properties with a fixed budget and
+seed; ``simulations.robustness`` runs the long sweep (``sweep``), counting every
+violation instead of stopping at the first. Needs ``hypothesis`` (``pip install
+'fedpers[dev]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from fedpers import protocol, records
+from fedpers.clients.client_app import app as client_app
+from fedpers.config import RunConfig
+from fedpers.simulations.inprocess import InProcessGrid, run_config
+from fedpers.strategies import build_strategy, screening
+from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.rounds import evaluate_step, train_step, well_formed
+
+NODES = 4
+ATTACKER = 1
+FAMILIES: dict[str, dict[str, Any]] = {
+    "fedavg": {"algorithm": "fedavg", "dataset": "digits"},
+    "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
+    "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
+    "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
+}
+PHASES = (MessageType.TRAIN, MessageType.EVALUATE)
+TIMEOUT = 5.0
+
+
+class Federation:
+    """One family's federation of ``NODES`` in-process nodes, set up once: the strategy
+    after start-up, the round's messages, and each honest node's reply to them, replayed
+    as fresh copies. Partition ``ATTACKER`` sends what ``crafted`` holds instead."""
+
+    def __init__(self, family: str) -> None:
+        self.values = run_config(
+            **FAMILIES[family], num_clients=NODES, fraction_train=1.0, num_rounds=1
+        )
+        self.crafted: dict[str, RecordDict] = {}
+        self.honest: dict[tuple[int, str], RecordDict] = {}
+        # Flower's Grid in what the round loop uses of it (InProcessGrid's docstring)
+        self.grid = cast(Grid, InProcessGrid(self._app, self.values, NODES))
+        self.strategy: FedpersStrategy = build_strategy(RunConfig.from_mapping(self.values))
+        self.strategy.federation.connect(self.grid, timeout=TIMEOUT)
+        self.initial = self.strategy.initial_arrays(self.grid, timeout=TIMEOUT)
+        self.aggregated: list[Message] = []  # what the last aggregate_train got
+        aggregate = self.strategy.aggregate_train
+
+        def recording(server_round: int, replies: Any) -> Any:
+            self.aggregated = list(replies)
+            return aggregate(server_round, self.aggregated)
+
+        self.strategy.aggregate_train = recording  # type: ignore[method-assign]
+
+    def bound(self, *, test: bool) -> float:
+        """The weight bound the docs state, computed here: what the node registered, at
+        most weight-cap x the lower median of what all registered."""
+        federation = self.strategy.federation
+        sizes = federation.test_sizes if test else federation.train_sizes
+        lower_median = max(1.0, float(sorted(sizes.values())[(len(sizes) - 1) // 2]))
+        cap = RunConfig.from_mapping(self.values).weight_cap
+        return min(float(sizes[ATTACKER]), cap * lower_median)
+
+    def template(self, kind: str) -> RecordDict:
+        """The attacker's own honest reply of the round (one honest step first)."""
+        self.crafted.pop(kind, None)
+        step = train_step if kind == MessageType.TRAIN else evaluate_step
+        config = (
+            self.strategy.train_config()
+            if kind == MessageType.TRAIN
+            else self.strategy.evaluate_config()
+        )
+        step(self.strategy, self.grid, self.strategy.federation, 1, self.initial, config, TIMEOUT)
+        return self.honest[(ATTACKER, kind)]
+
+    def _app(self, message: Message, context: Context) -> Message:
+        kind = message.metadata.message_type
+        partition = int(context.node_config["partition-id"])
+        if partition == ATTACKER and kind in self.crafted:
+            return Message(self.crafted[kind], reply_to=message)
+        if kind not in PHASES:
+            return client_app(message, context)
+        if (partition, kind) not in self.honest:  # the honest nodes answer once
+            self.honest[(partition, kind)] = client_app(message, context).content
+        return Message(copy_content(self.honest[(partition, kind)]), reply_to=message)
+
+
+def copy_content(content: RecordDict) -> RecordDict:
+    """A fresh copy of a reply's content: the server may change a reply it keeps (a
+    capped weight)."""
+    copy = RecordDict()
+    for name, record in content.array_records.items():
+        copy[name] = ArrayRecord({k: Array(a.numpy().copy()) for k, a in record.items()})
+    for name, metrics in content.metric_records.items():
+        copy[name] = MetricRecord(dict(metrics))
+    return copy
+
+
+@cache
+def federation(family: str) -> Federation:
+    """The family's federation, built once per process."""
+    return Federation(family)
+
+
+# ------------------------------------------------------------------ the grammar
+# Most edits keep the rest well formed, so that each reaches the checks after the first.
+PROTOCOL_NAMES = [protocol.ARRAYS, protocol.METRICS, protocol.CONFIG]
+NAMES = st.one_of(st.sampled_from(PROTOCOL_NAMES * 3), st.text(max_size=12))
+DTYPES = st.sampled_from(["float32", "float64", "int64", "uint8", "bool", "complex64"])
+SPECIAL = st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e300, -1e300, 1e6, 1e12, math.nan, math.inf])
+NUMBERS = st.one_of(
+    SPECIAL,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.booleans(),
+)
+METRIC_VALUES = st.one_of(NUMBERS, st.lists(st.floats(), max_size=3), st.text(max_size=5))
+KEYS = [protocol.NUM_EXAMPLES, protocol.LOSS, protocol.ACCURACY, "edge.1", "edge.²", "gamma"]
+METRIC_KEYS = st.one_of(st.sampled_from(KEYS * 2), st.text(max_size=20))
+EDITS = ["record", "rename", "kind", "array", "values", "shape", "drop", "metric", "weight"]
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+@st.composite
+def _values(draw: st.DrawFn, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Any values of ``shape``: drawn one by one when few, else a special number, noise
+    and a few drawn entries."""
+    size = int(np.prod(shape))
+    if size <= 16:
+        values = np.array(draw(st.lists(NUMBERS.map(_as_float), min_size=size, max_size=size)))
+    else:
+        base = draw(SPECIAL)
+        values = np.full(size, base) + np.random.default_rng(size).normal(size=size)
+        for index in draw(st.lists(st.integers(0, size - 1), max_size=3)):
+            values[index] = draw(NUMBERS.map(_as_float))
+    with np.errstate(all="ignore"):
+        return values.reshape(shape).astype(dtype)
+
+
+def _rebuilt(items: list[tuple[str, Any]]) -> RecordDict:
+    content = RecordDict()
+    for name, record in items:
+        content[name] = record
+    return content
+
+
+def _record_edit(draw: st.DrawFn, content: RecordDict, edit: str) -> RecordDict:
+    """A record more (first or last), a record renamed, or one of another kind."""
+    items = list(content.items())
+    if edit == "record":
+        kind = draw(st.sampled_from([ArrayRecord, MetricRecord, ConfigRecord]))
+        record: Any = (
+            kind({"x": Array(np.ones(2))})
+            if kind is ArrayRecord
+            else MetricRecord({protocol.NUM_EXAMPLES: 1.0, "x": 1.0})
+            if kind is MetricRecord
+            else ConfigRecord({"x": "y"})
+        )
+        name = draw(NAMES)
+        items = [(name, record), *items] if draw(st.booleans()) else [*items, (name, record)]
+    elif edit == "rename" and items:
+        index = draw(st.integers(0, len(items) - 1))
+        items[index] = (draw(NAMES), items[index][1])
+    elif edit == "kind" and items:
+        index = draw(st.integers(0, len(items) - 1))
+        name, record = items[index]
+        other = (
+            MetricRecord({protocol.NUM_EXAMPLES: 1.0})
+            if isinstance(record, ArrayRecord)
+            else ArrayRecord({protocol.NUM_EXAMPLES: Array(np.ones(1))})
+        )
+        items[index] = (name, other)
+    return _rebuilt(items)
+
+
+def _array_edit(draw: st.DrawFn, arrays: ArrayRecord, edit: str) -> None:
+    """One array more (any name), refilled (any dtype), reshaped, or dropped."""
+    name = draw(st.sampled_from(sorted(arrays)))
+    current = arrays[name].numpy()
+    if edit == "array":
+        arrays[draw(st.text(max_size=8))] = Array(current.copy())
+    elif edit == "values":
+        dtype = draw(st.one_of(st.just(str(current.dtype)), DTYPES))
+        arrays[name] = Array(np.ascontiguousarray(draw(_values(current.shape, dtype))))
+    elif edit == "shape":
+        shape = tuple(draw(st.lists(st.integers(0, 5), max_size=3)))
+        arrays[name] = Array(np.ascontiguousarray(draw(_values(shape, str(current.dtype)))))
+    else:
+        del arrays[name]
+
+
+@st.composite
+def _edit(draw: st.DrawFn, content: RecordDict) -> RecordDict:
+    arrays = content.array_records.get(protocol.ARRAYS)
+    metrics = content.metric_records.get(protocol.METRICS)
+    edit = draw(st.sampled_from(EDITS))
+    if edit in ("record", "rename", "kind"):
+        return _record_edit(draw, content, edit)
+    if edit in ("array", "values", "shape", "drop") and arrays is not None and len(arrays):
+        _array_edit(draw, arrays, edit)
+    elif edit == "metric" and metrics is not None:
+        key = draw(METRIC_KEYS)
+        value = draw(METRIC_VALUES)
+        if draw(st.booleans()) and key in metrics:
+            del metrics[key]
+        else:
+            with contextlib.suppress(Exception):  # Flower refuses to hold it: none can
+                cast(dict[str, Any], metrics)[key] = value  # any value, typed or not
+    elif edit == "weight" and metrics is not None and protocol.NUM_EXAMPLES in metrics:
+        factor = draw(st.sampled_from([0.0, -1.0, 2.0, 1e6, 1e12, 1e300]))
+        metrics[protocol.NUM_EXAMPLES] = records.number(metrics[protocol.NUM_EXAMPLES]) * factor
+        if arrays is not None and draw(st.booleans()):  # and every sum over samples alike
+            for name in list(arrays):
+                if name in ("gamma",) or name.startswith("stats."):
+                    arrays[name] = Array(arrays[name].numpy() * factor)
+    return content
+
+
+def smuggled(template: RecordDict) -> RecordDict:
+    """``template`` after a MetricRecord named ``arrays``, without num-examples: Flower's
+    aggregate_metricrecords read the first MetricRecord and raised KeyError."""
+    content = RecordDict({protocol.ARRAYS: MetricRecord({"x": 1.0})})
+    for name, record in copy_content(template).items():
+        content[name] = record
+    return content
+
+
+@st.composite
+def replies(draw: st.DrawFn, template: RecordDict) -> RecordDict:
+    """A reply: ``template`` after one to three edits of the grammar."""
+    content = copy_content(template)
+    for _ in range(draw(st.integers(1, 3))):
+        content = draw(_edit(content))
+    return content
+
+
+# ------------------------------------------------------------------ properties
+def _largest(arrays: ArrayRecord) -> dict[str, float]:
+    out = {}
+    for name, array in arrays.items():
+        values = array.numpy()
+        out[name] = (
+            float(np.max(np.abs(values), initial=0.0)) if values.dtype.kind in "iuf" else 0.0
+        )
+    return out
+
+
+# Violation kinds, as the sweep counts them
+ILL_FORMED = "ill-formed state adopted"
+BOUND = "influence bound exceeded"
+VOIDED = "round voided"
+NO_REASON = "rejected without a reason"
+KINDS = (ILL_FORMED, BOUND, VOIDED, NO_REASON)
+
+
+Found = tuple[list[tuple[str, str]], bool]
+
+
+def training_violations(fed: Federation, content: RecordDict) -> Found:
+    """Send ``content`` as the attacker's training reply: the properties it breaks, as
+    ``(kind, detail)`` pairs, and whether the reply took part. An exception escaping the
+    step propagates."""
+    fed.crafted[MessageType.TRAIN] = content
+    federation_ = fed.strategy.federation
+    outcome = train_step(
+        fed.strategy, fed.grid, federation_, 1, fed.initial, fed.strategy.train_config(), TIMEOUT
+    )
+    found: list[tuple[str, str]] = []
+    if not well_formed(outcome.arrays, fed.initial):
+        found.append((ILL_FORMED, "not the model's arrays, or not finite"))
+    elif outcome.arrays is not fed.initial:
+        defect = fed.strategy.state_defect(outcome.arrays, fed.initial)
+        if defect is not None:
+            found.append((ILL_FORMED, defect))
+    sent = _largest(fed.initial)
+    for name, largest in _largest(outcome.arrays).items():
+        if largest > screening.HUGE * max(1.0, sent.get(name, 0.0)) * (1 + 1e-9):
+            found.append((BOUND, f"{name}: |value| {largest:.3g}"))
+    if [r for r in outcome.rejections if r.startswith("global state not adopted")]:
+        found.append((VOIDED, "global state not adopted"))
+    if outcome.accepted < NODES - 1:
+        found.append((VOIDED, f"{outcome.accepted} replies accepted of {NODES - 1} honest"))
+    prefix = f"partition {ATTACKER}: "
+    kept = [r for r in fed.aggregated if federation_.partition(r) == ATTACKER]
+    mine = [r for r in outcome.rejections if r.startswith(prefix)]
+    if not kept and not mine:
+        found.append((NO_REASON, "left out, and no rejection recorded"))
+    if any(len(r) <= len(prefix) for r in mine):
+        found.append((NO_REASON, "a rejection with an empty reason"))
+    bound = fed.bound(test=False)
+    for reply in kept:
+        weight = screening.num_examples(reply)
+        if weight > bound:
+            found.append((BOUND, f"weight {weight:.3g} > {bound:.3g}"))
+    return found, bool(kept)
+
+
+def evaluation_violations(fed: Federation, content: RecordDict) -> Found:
+    """Send ``content`` as the attacker's evaluation reply: the properties it breaks, and
+    whether the reply took part."""
+    fed.crafted[MessageType.EVALUATE] = content
+    outcome = evaluate_step(
+        fed.strategy,
+        fed.grid,
+        fed.strategy.federation,
+        1,
+        fed.initial,
+        fed.strategy.evaluate_config(),
+        TIMEOUT,
+    )
+    found: list[tuple[str, str]] = []
+    if outcome.metrics is None:
+        return [(VOIDED, f"no evaluation aggregated: {outcome.rejections[:2]}")], False
+    accuracy = records.number(outcome.metrics[protocol.ACCURACY])
+    if not 0.0 <= accuracy <= 1.0 + 1e-12:
+        found.append((BOUND, f"federation accuracy {accuracy!r}"))
+    mine = outcome.clients.get(str(ATTACKER))
+    if mine is not None:  # kept: typed, in range, its weight within the bound
+        for key, value in mine.items():
+            defect = screening.metric_defect(key, value)
+            if defect is not None:
+                found.append((ILL_FORMED, f"kept metric {key!r}: {defect}"))
+        bound = fed.bound(test=True)
+        if mine.get(protocol.NUM_EXAMPLES, math.inf) > bound:
+            found.append((BOUND, f"weight {mine.get(protocol.NUM_EXAMPLES)!r} > {bound:.3g}"))
+    elif not any(
+        r.startswith(f"evaluate: partition {ATTACKER}: ") and len(r) > 25
+        for r in outcome.rejections
+    ):
+        found.append((NO_REASON, f"left out, recorded as {outcome.rejections}"))
+    return found, mine is not None
+
+
+VIOLATIONS: dict[str, Callable[[Federation, RecordDict], Found]] = {
+    MessageType.TRAIN: training_violations,
+    MessageType.EVALUATE: evaluation_violations,
+}
+
+
+# ------------------------------------------------------------------ the sweep
+@dataclass
+class SweepCount:
+    """What the sweep found for one family and phase."""
+
+    family: str
+    phase: str
+    replies: int = 0
+    exceptions: int = 0
+    kept: int = 0  # replies that took part (the rest were left out with a reason)
+    violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    examples: list[str] = field(default_factory=list)  # the first few, for the report
+    seconds: float = 0.0
+
+
+def sweep(
+    families: Sequence[str],
+    examples: int,
+    seed: int = 0,
+    progress: Callable[[str], None] = print,
+) -> list[SweepCount]:
+    """``examples`` generated replies per family and phase, every property checked on
+    each. Nothing stops the sweep: an exception or a violation is counted, and the next
+    reply generated. One progress line per family and phase, with an ETA."""
+    counts: list[SweepCount] = []
+    total = len(families) * len(PHASES) * examples
+    started = time.monotonic()
+    for family in families:
+        for phase in PHASES:
+            with _quiet():  # each rejection is logged: thousands of lines
+                count = sweep_phase(federation(family), family, phase, examples, seed)
+            counts.append(count)
+            done = len(counts) * examples
+            eta = (time.monotonic() - started) / done * (total - done)
+            progress(
+                f"reply sweep {family} {phase}: {count.replies} replies, "
+                f"{count.exceptions} exceptions, "
+                + ", ".join(f"{v} {k}" for k, v in count.violations.items())
+                + f" ({count.seconds:.0f} s; ETA {eta:.0f} s)"
+            )
+    return counts
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No log records up to WARNING (fedpers' rejections, Flower's record warnings)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def sweep_phase(fed: Federation, family: str, phase: str, examples: int, seed: int) -> SweepCount:
+    """``examples`` generated replies in place of the attacker's ``phase`` reply."""
+    count = SweepCount(family, phase)
+    template = fed.template(phase)
+    check = VIOLATIONS[phase]
+    started = time.monotonic()
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @hypothesis_seed(seed)
+    @given(content=replies(template))
+    def one(content: RecordDict) -> None:
+        count.replies += 1
+        try:
+            found, kept = check(fed, content)
+        except Exception as error:  # counted: no exception escaping is the property
+            count.exceptions += 1
+            found, kept = [("exception", repr(error)[:200])], False
+        count.kept += kept
+        for kind, detail in found:
+            if kind in count.violations:
+                count.violations[kind] += 1
+            if len(count.examples) < 5:
+                count.examples.append(f"{kind}: {detail}")
+
+    one()
+    count.seconds = time.monotonic() - started
+    return count
