@@ -185,6 +185,11 @@ def _values(draw: st.DrawFn, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         return values.reshape(shape).astype(dtype)
 
 
+def _is_number(value: Any) -> bool:
+    """An int or float (an earlier edit may have made the weight a list or text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _rebuilt(items: list[tuple[str, Any]]) -> RecordDict:
     content = RecordDict()
     for name, record in items:
@@ -254,13 +259,16 @@ def _edit(draw: st.DrawFn, content: RecordDict) -> RecordDict:
         else:
             with contextlib.suppress(Exception):  # Flower refuses to hold it: none can
                 cast(dict[str, Any], metrics)[key] = value  # any value, typed or not
-    elif edit == "weight" and metrics is not None and protocol.NUM_EXAMPLES in metrics:
+    elif (
+        edit == "weight" and metrics is not None and _is_number(metrics.get(protocol.NUM_EXAMPLES))
+    ):
         factor = draw(st.sampled_from([0.0, -1.0, 2.0, 1e6, 1e12, 1e300]))
         metrics[protocol.NUM_EXAMPLES] = records.number(metrics[protocol.NUM_EXAMPLES]) * factor
         if arrays is not None and draw(st.booleans()):  # and every sum over samples alike
             for name in list(arrays):
                 if name in ("gamma",) or name.startswith("stats."):
-                    arrays[name] = Array(arrays[name].numpy() * factor)
+                    with np.errstate(all="ignore"):  # 1e300 x a sum: inf, on purpose
+                        arrays[name] = Array(arrays[name].numpy() * factor)
     return content
 
 
