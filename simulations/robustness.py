@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,7 +101,27 @@ SIGN_FLIP_SCALE = 10.0
 SWEEP_REPLIES = 1250  # per family and phase: 4 families x 2 phases = 10,000 replies
 QUICK_SWEEP_REPLIES = 10
 REPLIES_PER_ROUND = (4, 10, 40)
+ALGORITHMS = ("fedrep", "fedavg")
+ATTACK_NAMES = ("clean", "sign-flip", "inflate-examples")
 QUICK_REPLIES_PER_ROUND = (4, 10)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The part of the attack table to run (``--algorithms``, ``--aggregations``,
+    ``--attacks``): a run is made if its algorithm, aggregation and attack are chosen."""
+
+    algorithms: frozenset[str] = frozenset(ALGORITHMS)
+    aggregations: frozenset[str] = frozenset(a.value for a in Aggregation)
+    attacks: frozenset[str] = frozenset(ATTACK_NAMES)
+
+    def __contains__(self, run: tuple[str, str, str]) -> bool:
+        algorithm, aggregation, attack = run
+        return (
+            algorithm in self.algorithms
+            and aggregation in self.aggregations
+            and attack in self.attacks
+        )
 
 
 @dataclass
@@ -219,14 +239,15 @@ def attack_runs(
     seeds: Sequence[int] = (0,),
     values: Mapping[str, Any] | None = None,
     replies: Sequence[int] = REPLIES_PER_ROUND,
+    selection: Selection = Selection(),
 ) -> list[dict[str, Any]]:
-    """Every run of the attack table (as run-config overrides), once per seed and per
-    count of ``replies`` per round; ``values`` (from ``--run-config``) change any key
-    of every run."""
+    """Every run of the attack table (as run-config overrides) in ``selection``, once
+    per seed and per count of ``replies`` per round; ``values`` (from ``--run-config``)
+    change any key of every run."""
     runs = []
     for seed in seeds:
         for count in replies:
-            for overrides in _attack_runs(quick, scale, runs_dir, count):
+            for overrides in _attack_runs(quick, scale, runs_dir, count, selection):
                 runs.append(
                     {
                         **overrides,
@@ -238,7 +259,9 @@ def attack_runs(
     return runs
 
 
-def _attack_runs(quick: bool, scale: float, runs_dir: Path, replies: int) -> list[dict[str, Any]]:
+def _attack_runs(
+    quick: bool, scale: float, runs_dir: Path, replies: int, selection: Selection
+) -> list[dict[str, Any]]:
     clients = 20 if quick else 100
     base: dict[str, Any] = {
         "dataset": "mnist1d",
@@ -256,6 +279,8 @@ def _attack_runs(quick: bool, scale: float, runs_dir: Path, replies: int) -> lis
     runs: list[dict[str, Any]] = []
 
     def add(algorithm: str, aggregation: Aggregation, attack: str) -> None:
+        if (algorithm, aggregation.value, attack) not in selection:
+            return
         runs.append(
             {
                 **base,
@@ -306,7 +331,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     attacks = (
         []
         if args.skip_attacks
-        else attack_runs(args.quick, args.scale, runs_dir, seeds, values, replies)
+        else attack_runs(
+            args.quick,
+            args.scale,
+            runs_dir,
+            seeds,
+            values,
+            replies,
+            Selection(args.algorithms, args.aggregations, args.attacks),
+        )
     )
     validate_runs([*fuzz.values(), *attacks])
     sweep_replies = args.sweep_replies
@@ -382,7 +415,33 @@ def _parser() -> argparse.ArgumentParser:
         + ",".join(map(str, QUICK_REPLIES_PER_ROUND))
         + ")",
     )
+    for flag, known in (
+        ("--algorithms", ALGORITHMS),
+        ("--aggregations", tuple(a.value for a in Aggregation)),
+        ("--attacks", ATTACK_NAMES),
+    ):
+        parser.add_argument(
+            flag,
+            type=_names(flag, known),
+            default=frozenset(known),
+            help=f"the attack table's {flag[2:]}, comma-separated (default: all of "
+            f"{','.join(known)})",
+        )
     return parser
+
+
+def _names(flag: str, known: Sequence[str]) -> Callable[[str], frozenset[str]]:
+    def parse(text: str) -> frozenset[str]:
+        names = frozenset(part.strip() for part in text.split(",") if part.strip())
+        unknown = sorted(names - set(known))
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: unknown {', '.join(unknown) or 'empty list'}; "
+                f"choose from {','.join(known)}"
+            )
+        return names
+
+    return parse
 
 
 def _count(text: str) -> int:

@@ -1,0 +1,63 @@
+"""simulations.robustness's plan, before any run: the attack table's runs at each count
+of replies per round, the selection flags, and bad flags refused with the fix, leaving
+no output directory behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedpers.aggregation import Aggregation
+from fedpers.simulations import robustness
+
+
+def test_the_full_table_runs_every_cell_at_4_10_and_40_replies() -> None:
+    runs = robustness.attack_runs(False, 10.0, Path("/r"), (0,), {}, (4, 10, 40))
+    aggregations = len(Aggregation)
+    # FedRep: clean and both attacks under every aggregation; FedAvg: clean under the
+    # mean, both attacks under every aggregation
+    per_count = 3 * aggregations + (1 + 2 * aggregations)
+    assert len(runs) == 3 * per_count
+    assert len({r["run-name"] for r in runs}) == len(runs)
+    for count in (4, 10, 40):
+        mine = [r for r in runs if f"-r{count}-" in r["run-name"]]
+        assert len(mine) == per_count
+        # fraction-train x clients is the count, exactly as the strategy rounds it
+        assert {round(r["fraction-train"] * r["num-clients"]) for r in mine} == {count}
+    # 10 replies: the configuration the table had before the count became a dimension
+    ten = next(r for r in runs if r["run-name"] == "fedrep-r10-sign-flip-mean-seed0")
+    assert (ten["num-clients"], ten["fraction-train"]) == (100, 0.1)
+    assert ten["fault-injection"] == "sign-flip=10:0-9"
+
+
+def test_the_selection_keeps_only_the_chosen_cells() -> None:
+    selection = robustness.Selection(
+        frozenset({"fedrep"}), frozenset({"mean", "trimmed-mean"}), frozenset({"sign-flip"})
+    )
+    runs = robustness.attack_runs(False, 10.0, Path("/r"), (0, 1), {}, (4, 40), selection)
+    assert sorted(r["run-name"] for r in runs) == sorted(
+        f"fedrep-r{c}-sign-flip-{a}-seed{s}"
+        for c in (4, 40)
+        for a in ("mean", "trimmed-mean")
+        for s in (0, 1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--attacks", "clean,bogus"], "unknown bogus; choose from clean,sign-flip"),
+        (["--aggregations", "mode"], "unknown mode"),
+        (["--replies-per-round", "4,0"], "give replies per round as 4,10,40"),
+        (["--sweep-replies", "-1"], "is not a count"),
+    ],
+)
+def test_bad_flags_are_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        robustness.main(["--out", str(out), *flags])
+    assert message in capsys.readouterr().err
+    assert not out.exists()
