@@ -47,9 +47,9 @@ RUN = {
 # for a message every 0.5 s, not 3 s. The SuperLink is Flower's own.
 SUPERNODE = ("fedpers-supernode",)
 REFUSED = "No SuperNode found with the given public key"
-# The four deployed rounds took 171 s alone on 2 cores (40-51 s a round: Flower's polls
-# and a ClientApp process per message, docs/benchmarks.md); 300 s left too little room
-# on a slower machine.
+# The four deployed rounds took 137-197 s alone on 2 cores (30-61 s a round, mostly a
+# ClientApp process per message; docs/deploying.md, "A faster SuperNode"); 300 s left
+# too little room on a slower machine.
 RUN_LIMIT = 480
 
 
