@@ -393,6 +393,140 @@ VIOLATIONS: dict[str, Callable[[Federation, RecordDict], Found]] = {
 }
 
 
+# ------------------------------------------------------------------ start-up
+STARTUP = protocol.QUERY_INITIAL
+STARTUP_FAMILIES = ("fedavg", "fedrep", "fedgmm")  # Sheaf-FRL shares no initial model
+
+
+class Startup:
+    """One family's start-up vote on the initial model (``query.initial``): partition
+    ``ATTACKER`` answers the digest question and the arrays question with what
+    ``crafted`` holds (keyed by whether the question asks for the digest); the others
+    answer honestly. ``honest`` is the model the vote chose with no crafted answer."""
+
+    def __init__(self, family: str) -> None:
+        self.values = run_config(
+            **FAMILIES[family], num_clients=NODES, fraction_train=1.0, num_rounds=1
+        )
+        self.crafted: dict[bool, RecordDict] = {}
+        self.templates: dict[bool, RecordDict] = {}  # the attacker's honest answers
+        self.grid = cast(Grid, InProcessGrid(self._app, self.values, NODES))
+        self.honest, rejections = self.vote()
+        if rejections:
+            raise AssertionError(f"a clean start-up rejected answers: {rejections}")
+        # A clean vote fetches the arrays from partition 0: ask the attacker once too,
+        # for its honest arrays answer
+        strategy = build_strategy(RunConfig.from_mapping(self.values))
+        strategy.federation.connect(self.grid, timeout=TIMEOUT)
+        strategy.startup(self.grid, STARTUP, [ATTACKER], RecordDict(), TIMEOUT)
+
+    def vote(self) -> tuple[ArrayRecord, tuple[str, ...]]:
+        """A fresh strategy's start-up: registration, then the vote; the chosen arrays
+        and the start-up rejections."""
+        strategy = build_strategy(RunConfig.from_mapping(self.values))
+        strategy.federation.connect(self.grid, timeout=TIMEOUT)
+        arrays = strategy.initial_arrays(self.grid, timeout=TIMEOUT)
+        return arrays, strategy.startup_rejections
+
+    def _app(self, message: Message, context: Context) -> Message:
+        partition = int(context.node_config["partition-id"])
+        if partition != ATTACKER or message.metadata.message_type != STARTUP:
+            return client_app(message, context)
+        config = message.content.config_records.get(protocol.CONFIG)
+        digest = bool(config and config.get(protocol.DIGEST))
+        if digest in self.crafted:
+            return Message(copy_content(self.crafted[digest]), reply_to=message)
+        reply = client_app(message, context)
+        self.templates.setdefault(digest, copy_content(reply.content))
+        return reply
+
+
+@cache
+def startup(family: str) -> Startup:
+    """The family's start-up harness, built once per process."""
+    return Startup(family)
+
+
+@st.composite
+def startup_answers(draw: st.DrawFn, harness: Startup) -> dict[bool, RecordDict]:
+    """The attacker's two answers: each its honest answer or a generated one; or a
+    coherent lie: a generated model with the digest of what it sends."""
+    honest_digest, honest_arrays = harness.templates[True], harness.templates[False]
+    if draw(st.booleans()):  # coherent: a model of its own, and that model's digest
+        arrays = draw(replies(honest_arrays))
+        record = arrays.array_records.get(protocol.ARRAYS)
+        try:
+            values = {k: a.numpy() for k, a in (record or {}).items()}
+            digest = protocol.arrays_digest(values)
+        except Exception:  # an array that does not decode: fall back to any digest
+            return {True: draw(replies(honest_digest)), False: arrays}
+        coherent = copy_content(honest_digest)
+        coherent[protocol.ARRAYS] = ArrayRecord({protocol.DIGEST: Array(digest)})
+        return {True: coherent, False: arrays}
+    return {
+        True: draw(st.one_of(st.just(honest_digest), replies(honest_digest))),
+        False: draw(st.one_of(st.just(honest_arrays), replies(honest_arrays))),
+    }
+
+
+def startup_violations(harness: Startup, answers: dict[bool, RecordDict]) -> Found:
+    """The vote with the attacker's ``answers``: the properties it breaks (the vote
+    raising, a model other than the honest one, an honest node rejected, a rejection
+    without a reason), and whether the attacker's answers were left out."""
+    harness.crafted = dict(answers)
+    try:
+        arrays, rejections = harness.vote()
+    finally:
+        harness.crafted = {}
+    found: list[tuple[str, str]] = []
+    if not well_formed(arrays, harness.honest) or not all(
+        np.array_equal(arrays[k].numpy(), harness.honest[k].numpy())
+        and arrays[k].numpy().dtype == harness.honest[k].numpy().dtype
+        for k in harness.honest
+    ):
+        found.append((BOUND, "the vote chose a model other than the honest majority's"))
+    prefix = f"partition {ATTACKER}: "
+    for rejection in rejections:
+        if not rejection.startswith(prefix):
+            found.append((VOIDED, f"an honest answer was rejected: {rejection}"))
+        elif len(rejection) <= len(prefix):
+            found.append((NO_REASON, "a rejection with an empty reason"))
+    return found, not rejections
+
+
+def sweep_startup(harness: Startup, family: str, examples: int, seed: int) -> SweepCount:
+    """``examples`` generated answer pairs in place of the attacker's start-up answers."""
+    count = SweepCount(family, STARTUP)
+    started = time.monotonic()
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @hypothesis_seed(seed)
+    @given(answers=startup_answers(harness))
+    def one(answers: dict[bool, RecordDict]) -> None:
+        count.replies += 1
+        try:
+            found, kept = startup_violations(harness, answers)
+        except Exception as error:  # counted: no exception escaping is the property
+            count.exceptions += 1
+            found, kept = [("exception", repr(error)[:200])], False
+        count.kept += kept
+        for kind, detail in found:
+            if kind in count.violations:
+                count.violations[kind] += 1
+            if len(count.examples) < 5:
+                count.examples.append(f"{kind}: {detail}")
+
+    one()
+    count.seconds = time.monotonic() - started
+    return count
+
+
 # ------------------------------------------------------------------ the sweep
 @dataclass
 class SweepCount:
@@ -414,25 +548,30 @@ def sweep(
     seed: int = 0,
     progress: Callable[[str], None] = print,
 ) -> list[SweepCount]:
-    """``examples`` generated replies per family and phase, every property checked on
+    """``examples`` generated replies per family and phase (training, evaluation, and
+    the start-up vote's answers where the family has one), every property checked on
     each. Nothing stops the sweep: an exception or a violation is counted, and the next
     reply generated. One progress line per family and phase, with an ETA."""
     counts: list[SweepCount] = []
-    total = len(families) * len(PHASES) * examples
+    cases = [(family, phase) for family in families for phase in PHASES]
+    cases += [(family, STARTUP) for family in families if family in STARTUP_FAMILIES]
+    total = len(cases) * examples
     started = time.monotonic()
-    for family in families:
-        for phase in PHASES:
-            with _quiet():  # each rejection is logged: thousands of lines
+    for family, phase in cases:
+        with _quiet():  # each rejection is logged: thousands of lines
+            if phase == STARTUP:
+                count = sweep_startup(startup(family), family, examples, seed)
+            else:
                 count = sweep_phase(federation(family), family, phase, examples, seed)
-            counts.append(count)
-            done = len(counts) * examples
-            eta = (time.monotonic() - started) / done * (total - done)
-            progress(
-                f"reply sweep {family} {phase}: {count.replies} replies, "
-                f"{count.exceptions} exceptions, "
-                + ", ".join(f"{v} {k}" for k, v in count.violations.items())
-                + f" ({count.seconds:.0f} s; ETA {eta:.0f} s)"
-            )
+        counts.append(count)
+        done = len(counts) * examples
+        eta = (time.monotonic() - started) / done * (total - done)
+        progress(
+            f"reply sweep {family} {phase}: {count.replies} replies, "
+            f"{count.exceptions} exceptions, "
+            + ", ".join(f"{v} {k}" for k, v in count.violations.items())
+            + f" ({count.seconds:.0f} s; ETA {eta:.0f} s)"
+        )
     return counts
 
 

@@ -16,8 +16,10 @@ every aggregation.
 2. **Reply sweep.** ``--sweep-replies`` replies per family and phase (training and
    evaluation), generated from the record grammar (``fedpers.simulations.reply_fuzz``,
    hypothesis, seeded by the first seed) and sent in place of one node's reply, in
-   process; every property the server guarantees is checked on every reply and every
-   violation counted (default 1,250: 10,000 replies in all; 10 with ``--quick``).
+   process, and in place of its answers to the start-up vote on the initial model
+   (FedAvg, FedRep, FedGMM); every property the server guarantees is checked on every
+   reply and every violation counted (default 1,250 per case: 13,750 in all; 10 with
+   ``--quick``).
 3. **Attacks.** MNIST-1D, 100 clients x 2 classes (``fedrep_images``' defaults),
    FedRep and FedAvg; 10% of the clients (partitions 0-9) attack from round 1:
    ``sign-flip`` (the update sent as ``-scale`` times itself) or ``inflate-examples``
@@ -98,7 +100,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 CLIENTS = 6  # clients of a fuzz run; every one trains every round
 SIGN_FLIP_SCALE = 10.0
-SWEEP_REPLIES = 1250  # per family and phase: 4 families x 2 phases = 10,000 replies
+SWEEP_REPLIES = 1250  # per case: 4 families x 2 phases + 3 start-up votes = 13,750
 QUICK_SWEEP_REPLIES = 10
 REPLIES_PER_ROUND = (4, 10, 40)
 ALGORITHMS = ("fedrep", "fedavg")

@@ -21,10 +21,14 @@ from hypothesis import HealthCheck, example, given, settings
 from fedpers.simulations import reply_fuzz
 from fedpers.simulations.reply_fuzz import (
     FAMILIES,
+    STARTUP_FAMILIES,
     evaluation_violations,
     federation,
     replies,
     smuggled,
+    startup,
+    startup_answers,
+    startup_violations,
     training_violations,
 )
 
@@ -61,6 +65,23 @@ def test_no_evaluation_reply_breaks_the_round_or_exceeds_its_bounds(family: str)
     @example(content=smuggled(template))  # the class's example: a MetricRecord first
     def check(content: RecordDict) -> None:
         found, _ = evaluation_violations(fed, content)
+        assert not found, found
+
+    check()
+
+
+@pytest.mark.parametrize("family", STARTUP_FAMILIES)
+def test_no_startup_answer_chooses_the_initial_model_or_blocks_the_vote(family: str) -> None:
+    """One node of four answers the vote on the initial model (its digest, then its
+    arrays if asked) with generated answers, or a coherent model of its own with that
+    model's digest: the vote still chooses the honest model, rejects no honest node,
+    and raises nothing."""
+    harness = startup(family)
+
+    @FUZZ
+    @given(answers=startup_answers(harness))
+    def check(answers: dict[bool, RecordDict]) -> None:
+        found, _ = startup_violations(harness, answers)
         assert not found, found
 
     check()
