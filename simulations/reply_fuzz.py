@@ -499,32 +499,31 @@ def sweep_startup(harness: Startup, family: str, examples: int, seed: int) -> Sw
     count = SweepCount(family, STARTUP)
     started = time.monotonic()
 
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @hypothesis_seed(seed)
+    @_sweep_settings(examples, seed)
     @given(answers=startup_answers(harness))
     def one(answers: dict[bool, RecordDict]) -> None:
-        count.replies += 1
-        try:
-            found, kept = startup_violations(harness, answers)
-        except Exception as error:  # counted: no exception escaping is the property
-            count.exceptions += 1
-            found, kept = [("exception", repr(error)[:200])], False
-        count.kept += kept
-        for kind, detail in found:
-            if kind in count.violations:
-                count.violations[kind] += 1
-            if len(count.examples) < 5:
-                count.examples.append(f"{kind}: {detail}")
+        count.add(lambda: startup_violations(harness, answers))
 
     one()
     count.seconds = time.monotonic() - started
     return count
+
+
+def _sweep_settings(examples: int, seed: int) -> Callable[[Any], Any]:
+    """hypothesis' settings for a sweep: ``examples`` generated, seeded, never shrunk
+    (nothing fails: every outcome is counted)."""
+
+    def apply(test: Any) -> Any:
+        configured = settings(
+            max_examples=examples,
+            database=None,
+            deadline=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )(test)
+        return hypothesis_seed(seed)(configured)
+
+    return apply
 
 
 # ------------------------------------------------------------------ the sweep
@@ -540,6 +539,21 @@ class SweepCount:
     violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     examples: list[str] = field(default_factory=list)  # the first few, for the report
     seconds: float = 0.0
+
+    def add(self, check: Callable[[], Found]) -> None:
+        """Count one generated reply: what ``check`` found, or the exception it raised."""
+        self.replies += 1
+        try:
+            found, kept = check()
+        except Exception as error:  # counted: no exception escaping is the property
+            self.exceptions += 1
+            found, kept = [("exception", repr(error)[:200])], False
+        self.kept += kept
+        for kind, detail in found:
+            if kind in self.violations:
+                self.violations[kind] += 1
+            if len(self.examples) < 5:
+                self.examples.append(f"{kind}: {detail}")
 
 
 def sweep(
@@ -593,28 +607,10 @@ def sweep_phase(fed: Federation, family: str, phase: str, examples: int, seed: i
     check = VIOLATIONS[phase]
     started = time.monotonic()
 
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @hypothesis_seed(seed)
+    @_sweep_settings(examples, seed)
     @given(content=replies(template))
     def one(content: RecordDict) -> None:
-        count.replies += 1
-        try:
-            found, kept = check(fed, content)
-        except Exception as error:  # counted: no exception escaping is the property
-            count.exceptions += 1
-            found, kept = [("exception", repr(error)[:200])], False
-        count.kept += kept
-        for kind, detail in found:
-            if kind in count.violations:
-                count.violations[kind] += 1
-            if len(count.examples) < 5:
-                count.examples.append(f"{kind}: {detail}")
+        count.add(lambda: check(fed, content))
 
     one()
     count.seconds = time.monotonic() - started
