@@ -611,7 +611,9 @@ def _report(
             for algorithm, entry in by_algorithm.items():
                 clean = 100 * entry.get("clean", float("nan"))
                 for name in ("sign-flip", "inflate-examples"):
-                    by_attack = entry.get(name, {})
+                    if name not in entry:
+                        continue  # not run (--attacks)
+                    by_attack = entry[name]
                     accuracies = [100 * by_attack.get(a, float("nan")) for a in aggregations]
                     rows.append((replies, algorithm, name, clean, *accuracies))
                 if "clean_by_aggregation" in entry:
