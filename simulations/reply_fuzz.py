@@ -69,21 +69,31 @@ PHASES = (MessageType.TRAIN, MessageType.EVALUATE)
 TIMEOUT = 5.0
 
 
+def _family_values(family: str) -> dict[str, Any]:
+    """The run config of a family's ``NODES``-node federation: one round, every node."""
+    return run_config(**FAMILIES[family], num_clients=NODES, fraction_train=1.0, num_rounds=1)
+
+
+def _connected(run: RunConfig, grid: Grid) -> FedpersStrategy:
+    """A fresh strategy for ``run``, its nodes registered (``query.info``)."""
+    strategy = build_strategy(run)
+    strategy.federation.connect(grid, timeout=TIMEOUT)
+    return strategy
+
+
 class Federation:
     """One family's federation of ``NODES`` in-process nodes, set up once: the strategy
     after start-up, the round's messages, and each honest node's reply to them, replayed
     as fresh copies. Partition ``ATTACKER`` sends what ``crafted`` holds instead."""
 
     def __init__(self, family: str) -> None:
-        self.values = run_config(
-            **FAMILIES[family], num_clients=NODES, fraction_train=1.0, num_rounds=1
-        )
+        self.values = _family_values(family)
+        self.run = RunConfig.from_mapping(self.values)
         self.crafted: dict[str, RecordDict] = {}
         self.honest: dict[tuple[int, str], RecordDict] = {}
         # Flower's Grid in what the round loop uses of it (InProcessGrid's docstring)
         self.grid = cast(Grid, InProcessGrid(self._app, self.values, NODES))
-        self.strategy: FedpersStrategy = build_strategy(RunConfig.from_mapping(self.values))
-        self.strategy.federation.connect(self.grid, timeout=TIMEOUT)
+        self.strategy = _connected(self.run, self.grid)
         self.initial = self.strategy.initial_arrays(self.grid, timeout=TIMEOUT)
         self.aggregated: list[Message] = []  # what the last aggregate_train got
         aggregate = self.strategy.aggregate_train
@@ -100,8 +110,7 @@ class Federation:
         federation = self.strategy.federation
         sizes = federation.test_sizes if test else federation.train_sizes
         lower_median = max(1.0, float(sorted(sizes.values())[(len(sizes) - 1) // 2]))
-        cap = RunConfig.from_mapping(self.values).weight_cap
-        return min(float(sizes[ATTACKER]), cap * lower_median)
+        return min(float(sizes[ATTACKER]), self.run.weight_cap * lower_median)
 
     def template(self, kind: str) -> RecordDict:
         """The attacker's own honest reply of the round (one honest step first)."""
@@ -405,9 +414,8 @@ class Startup:
     answer honestly. ``honest`` is the model the vote chose with no crafted answer."""
 
     def __init__(self, family: str) -> None:
-        self.values = run_config(
-            **FAMILIES[family], num_clients=NODES, fraction_train=1.0, num_rounds=1
-        )
+        self.values = _family_values(family)
+        self.run = RunConfig.from_mapping(self.values)
         self.crafted: dict[bool, RecordDict] = {}
         self.templates: dict[bool, RecordDict] = {}  # the attacker's honest answers
         self.grid = cast(Grid, InProcessGrid(self._app, self.values, NODES))
@@ -416,15 +424,14 @@ class Startup:
             raise AssertionError(f"a clean start-up rejected answers: {rejections}")
         # A clean vote fetches the arrays from partition 0: ask the attacker once too,
         # for its honest arrays answer
-        strategy = build_strategy(RunConfig.from_mapping(self.values))
-        strategy.federation.connect(self.grid, timeout=TIMEOUT)
-        strategy.startup(self.grid, STARTUP, [ATTACKER], RecordDict(), TIMEOUT)
+        _connected(self.run, self.grid).startup(
+            self.grid, STARTUP, [ATTACKER], RecordDict(), TIMEOUT
+        )
 
     def vote(self) -> tuple[ArrayRecord, tuple[str, ...]]:
         """A fresh strategy's start-up: registration, then the vote; the chosen arrays
         and the start-up rejections."""
-        strategy = build_strategy(RunConfig.from_mapping(self.values))
-        strategy.federation.connect(self.grid, timeout=TIMEOUT)
+        strategy = _connected(self.run, self.grid)
         arrays = strategy.initial_arrays(self.grid, timeout=TIMEOUT)
         return arrays, strategy.startup_rejections
 
@@ -479,11 +486,7 @@ def startup_violations(harness: Startup, answers: dict[bool, RecordDict]) -> Fou
     finally:
         harness.crafted = {}
     found: list[tuple[str, str]] = []
-    if not well_formed(arrays, harness.honest) or not all(
-        np.array_equal(arrays[k].numpy(), harness.honest[k].numpy())
-        and arrays[k].numpy().dtype == harness.honest[k].numpy().dtype
-        for k in harness.honest
-    ):
+    if _digest(arrays) != _digest(harness.honest):  # names, shapes, dtypes and bytes
         found.append((BOUND, "the vote chose a model other than the honest majority's"))
     prefix = f"partition {ATTACKER}: "
     for rejection in rejections:
@@ -492,6 +495,10 @@ def startup_violations(harness: Startup, answers: dict[bool, RecordDict]) -> Fou
         elif len(rejection) <= len(prefix):
             found.append((NO_REASON, "a rejection with an empty reason"))
     return found, not rejections
+
+
+def _digest(arrays: ArrayRecord) -> bytes:
+    return protocol.arrays_digest({k: a.numpy() for k, a in arrays.items()}).tobytes()
 
 
 def sweep_startup(harness: Startup, family: str, examples: int, seed: int) -> SweepCount:
