@@ -4,18 +4,25 @@ FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedBABU, Ditto and Local are rows 
 algorithm table that differ in what they share and train; the server averages the
 shared parts (``strategies/base.py``), the clients keep the rest
 (``clients/base.py``). This module holds what the family adds to the core: the result
-of the fine-tuning test after the last round, Ditto's settings, and the summary.
+of the fine-tuning test after the last round, Ditto's settings, the settings of
+client-level differential privacy (``fedpers.privacy``, which only this family's shared
+parts support) with their check, and the summary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fedpers import families, protocol
 from fedpers.families import RunSummary
+from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult, UnseenTest
 from fedpers.results import RoundRecord, final_mean
-from fedpers.settings import at_least, setting
+from fedpers.settings import ConfigError, at_least, setting
+
+if TYPE_CHECKING:
+    from fedpers.config import RunConfig
 
 NAME = "personalized"
 
@@ -40,6 +47,35 @@ class DittoSettings:
 
     def check(self) -> None:
         at_least("ditto-lambda", self.ditto_lambda, 0.0)
+
+
+def check_privacy(run: RunConfig) -> None:
+    """Client-level DP (``dp``) covers this family's shared parts only, combined by the
+    plain mean: every run's check."""
+    settings = run.group(PrivacySettings)
+    if settings.dp is DpMode.NONE:
+        return
+    if run.family.name != NAME:
+        rows = row_names()
+        raise ConfigError(
+            f"run-config key 'dp' = '{settings.dp}' makes the shared parts of the "
+            f"personalized family's algorithms private ({', '.join(rows)}); the "
+            f"'{run.family.name}' family of algorithm '{run.algorithm}' (dataset "
+            f"'{run.dataset}') shares other things that it does not cover: set dp = 'none'."
+        )
+    if str(run.aggregation) != "mean":
+        raise ConfigError(
+            f"run-config key 'dp' = '{settings.dp}' clips every update itself and sums them "
+            f"with equal weights; aggregation = '{run.aggregation}' has another sensitivity "
+            "than the accountant assumes: set aggregation = 'mean'."
+        )
+
+
+def row_names() -> list[str]:
+    """The names of the rows of the algorithm table in this family, sorted."""
+    from fedpers import algorithms  # the table imports the families
+
+    return sorted(s.name for s in algorithms.all_specs() if s.family == NAME)
 
 
 def last_client_accuracy(records: list[RoundRecord]) -> dict[str, float]:
@@ -71,4 +107,8 @@ def summary(done: RunSummary) -> dict[str, object]:
     return result
 
 
-FAMILY = families.register(families.FamilySpec(name=NAME, summary=summary))
+FAMILY = families.register(
+    families.FamilySpec(
+        name=NAME, summary=summary, groups=(PrivacySettings,), checks=(check_privacy,)
+    )
+)

@@ -1,0 +1,578 @@
+"""Client-level differential privacy of the shared parts: clipping, noise, accounting.
+
+The mechanism is DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent
+Language Models", ICLR 2018; the fixed-denominator estimator): each sampled client's
+update of the shared parts ``Delta_c = w_c - w`` (all shared arrays as one vector) is
+clipped to norm ``C`` (``dp-clip``), the clipped updates are summed with equal weights
+(a client's claimed size cannot change its influence, which the guarantee needs),
+Gaussian noise of standard deviation ``z C`` (``dp-noise-multiplier``) is added to the
+sum, and the server steps by ``dp-server-lr`` times the noised sum over the expected
+number of sampled clients. A client that was sampled but sent nothing usable counts as
+a zero update, so a screened-out or missing reply neither voids the guarantee nor the
+round, and a round always releases the noised sum, even of no update at all.
+
+Where the noise is added (``dp``):
+
+- ``central``: the server clips every reply and adds all the noise. The server is
+  trusted with the clients' updates; the guarantee covers what it releases (the shared
+  model after every round) against everyone else.
+- ``distributed``: each client clips its own update and adds its share of the noise,
+  of standard deviation ``z C / sqrt(k)`` with ``k`` = ``dp-min-clients``, so any sum
+  of ``k`` replies carries the full noise. No update leaves a device un-noised; the
+  server tops a round with fewer than ``k`` usable replies up to the full noise before
+  it releases it. Without secure aggregation the server sees each reply, noised only by
+  its share (see docs/privacy.md).
+
+Sampling and the accountant. ``dp-sampling = "poisson"`` samples every seen client
+independently with probability ``fraction-train``; its guarantee is for
+add-or-remove-one-client neighbours, accounted for with the privacy loss distribution
+(PLD) accountant of Google's ``dp-accounting`` (``PoissonSampledDpEvent``), which a test
+checks against Opacus' PRV accountant. ``"without-replacement"`` keeps fedpers' fixed-
+size sample; its guarantee is for replace-one neighbours (sensitivity ``2 C``, so the
+accountant sees noise multiplier ``z / 2``), accounted for with the RDP accountant
+(``SampledWithoutReplacementDpEvent``, Wang et al., AISTATS 2019): an upper bound, the
+only accountant that supports it. With ``z > 0`` the noise and the sample come from a
+generator seeded by the operating system (``secrets``), never from the run seed, which
+every client knows: noise drawn from it could be subtracted, and a sample known to the
+adversary amplifies nothing. With ``z = 0`` there is no guarantee (epsilon is infinite)
+and the sample stays the seeded one.
+
+Nothing here imports torch or Flower; ``dp_accounting`` is imported when an epsilon is
+computed.
+"""
+
+# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
+
+from __future__ import annotations
+
+import functools
+import math
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedpers.aggregation import weighted_mean
+from fedpers.settings import ConfigError, at_least, setting, within
+
+if TYPE_CHECKING:
+    from fedpers.config import RunConfig
+
+
+class DpMode(StrEnum):
+    """Where the noise of client-level DP is added (run-config ``dp``)."""
+
+    NONE = "none"
+    CENTRAL = "central"  # the server clips and adds the noise
+    DISTRIBUTED = "distributed"  # each client clips and adds its share
+
+
+class DpSampling(StrEnum):
+    """How a private run samples its clients (run-config ``dp-sampling``)."""
+
+    POISSON = "poisson"  # each seen client with probability fraction-train
+    WITHOUT_REPLACEMENT = "without-replacement"  # fraction-train of them, fixed size
+
+
+ADD_OR_REMOVE_ONE = "add-or-remove-one"
+REPLACE_ONE = "replace-one"
+
+# The accountant's discretization of the privacy loss: 1e-3 gives an epsilon within 1e-4
+# (relative) of 1e-4's and never below it, ten times faster (tests/fedpers/test_privacy.py).
+PLD_DISCRETIZATION = 1e-3
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """Client-level differential privacy of the shared parts."""
+
+    dp: DpMode = setting(
+        DpMode.NONE,
+        "`none`, `central` (the server clips each update and adds the noise) or "
+        "`distributed` (each client clips its update and adds its share of the noise)",
+    )
+    dp_clip: float = setting(
+        1.0,
+        "largest norm of one client's update of the shared parts (all arrays as one "
+        "vector); 0: no clipping (and no guarantee)",
+    )
+    dp_noise_multiplier: float = setting(
+        1.0, "standard deviation of the noise on the sum of the clipped updates, / dp-clip"
+    )
+    dp_target_epsilon: float = setting(
+        0.0,
+        "> 0: choose dp-noise-multiplier before the run so that num-rounds rounds spend "
+        "this epsilon at dp-delta (central only)",
+    )
+    dp_delta: float = setting(0.0, "delta of the guarantee; 0: 1 / (seen clients)^1.1")
+    dp_sampling: DpSampling = setting(
+        DpSampling.POISSON,
+        "`poisson` (each seen client with probability fraction-train; add-or-remove-one "
+        "neighbours) or `without-replacement` (a fixed-size sample; replace-one)",
+    )
+    dp_min_clients: int = setting(
+        0,
+        "distributed: replies that together carry the full noise, each adding "
+        "1/sqrt(dp-min-clients) of it (0: the expected number sampled)",
+    )
+    dp_server_lr: float = setting(1.0, "the server's step along the noised mean update")
+
+    def check(self) -> None:
+        at_least("dp-clip", self.dp_clip, 0.0)
+        if not (math.isfinite(self.dp_noise_multiplier) and self.dp_noise_multiplier >= 0):
+            raise ConfigError(
+                f"run-config key 'dp-noise-multiplier' = {self.dp_noise_multiplier} must be "
+                "finite and at least 0."
+            )
+        if not (math.isfinite(self.dp_target_epsilon) and self.dp_target_epsilon >= 0):
+            raise ConfigError(
+                f"run-config key 'dp-target-epsilon' = {self.dp_target_epsilon} must be "
+                "finite and at least 0 (0: use dp-noise-multiplier)."
+            )
+        within("dp-delta", self.dp_delta, "[0, 1)")
+        at_least("dp-min-clients", self.dp_min_clients, 0)
+        if not (math.isfinite(self.dp_server_lr) and self.dp_server_lr > 0):
+            raise ConfigError(
+                f"run-config key 'dp-server-lr' = {self.dp_server_lr} must be finite and "
+                "greater than 0."
+            )
+        if self.dp is DpMode.DISTRIBUTED and self.dp_target_epsilon > 0:
+            raise ConfigError(
+                "run-config key 'dp-target-epsilon' works with dp = 'central' only: under "
+                "'distributed' every client sizes its own noise from dp-noise-multiplier. "
+                "Choose it with `python -m fedpers.privacy --epsilon E ...` and set "
+                "dp-noise-multiplier."
+            )
+        if self.dp is not DpMode.NONE and self.dp_target_epsilon > 0 and self.dp_clip == 0:
+            raise ConfigError(
+                "run-config key 'dp-target-epsilon' needs a 'dp-clip' above 0: noise is "
+                "sized in multiples of the clip."
+            )
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One run's private mechanism, everything the guarantee depends on.
+
+    Attributes
+    ----------
+    mode : DpMode
+        Where the noise is added.
+    clip : float
+        ``C``: the largest norm of one client's update (``inf`` for ``dp-clip = 0``).
+    noise_multiplier : float
+        ``z``: the noise on the sum has standard deviation ``z C``.
+    sampling : DpSampling
+        How clients are sampled.
+    population : int
+        The clients sampled from (the seen ones).
+    sampling_rate : float
+        ``q``: each client's probability to be sampled in a round.
+    cohort : float
+        The expected number sampled per round, the denominator of the mean update
+        (``q x population``; exactly the sample size without replacement).
+    delta : float
+        The guarantee's delta.
+    min_clients : int
+        Distributed: replies that together carry the full noise.
+    server_lr : float
+        The server's step along the noised mean update.
+    """
+
+    mode: DpMode
+    clip: float
+    noise_multiplier: float
+    sampling: DpSampling
+    population: int
+    sampling_rate: float
+    cohort: float
+    delta: float
+    min_clients: int
+    server_lr: float
+
+    @property
+    def neighboring(self) -> str:
+        """The neighbouring relation of the guarantee."""
+        return ADD_OR_REMOVE_ONE if self.sampling is DpSampling.POISSON else REPLACE_ONE
+
+    @property
+    def secret(self) -> bool:
+        """Whether the noise and the sample must be secret: any noise at all."""
+        return self.noise_multiplier > 0
+
+    @property
+    def sum_std(self) -> float:
+        """Standard deviation of the noise on the sum of the clipped updates (0 without
+        a finite clip and noise)."""
+        if self.noise_multiplier == 0 or math.isinf(self.clip):
+            return 0.0
+        return self.noise_multiplier * self.clip
+
+    @property
+    def share_std(self) -> float:
+        """Distributed: the standard deviation of the noise one client adds."""
+        return self.sum_std / math.sqrt(self.min_clients)
+
+    def epsilon(self, releases: int) -> float:
+        """Epsilon at ``delta`` after ``releases`` rounds (see ``epsilon``)."""
+        return epsilon(
+            self.sampling, self.noise_multiplier, self.sampling_rate, self.population,
+            self.cohort, releases, self.delta, clip=self.clip,
+        )  # fmt: skip
+
+    def record(self, releases: int) -> dict[str, object]:
+        """What anyone needs to recompute the guarantee with another accountant, and the
+        epsilon spent (the summary's ``privacy``)."""
+        return {
+            "mode": str(self.mode),
+            "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "sampling_rate": self.sampling_rate,
+            "sampling": str(self.sampling),
+            "neighboring": self.neighboring,
+            "population": self.population,
+            "expected_cohort": self.cohort,
+            "rounds": releases,
+            "delta": self.delta,
+            "min_clients": self.min_clients if self.mode is DpMode.DISTRIBUTED else None,
+            "server_lr": self.server_lr,
+            "accountant": accountant_name(self.sampling),
+            "epsilon": self.epsilon(releases),
+        }
+
+
+@functools.lru_cache(maxsize=64)
+def mechanism(
+    settings: PrivacySettings, *, population: int, fraction: float, sample_size: int, rounds: int
+) -> Mechanism | None:
+    """The mechanism of a run's ``settings`` (None for ``dp = "none"``): its sampling
+    rate from ``fraction`` (Poisson) or ``sample_size`` (without replacement), its delta
+    and, with ``dp-target-epsilon``, the noise multiplier that spends it in ``rounds``
+    (found once per process and configuration: the results are cached).
+    """
+    if settings.dp is DpMode.NONE:
+        return None
+    if settings.dp_sampling is DpSampling.POISSON:
+        rate, cohort = fraction, fraction * population
+    else:
+        rate, cohort = sample_size / population, float(sample_size)
+    delta = settings.dp_delta or default_delta(population)
+    noise = settings.dp_noise_multiplier
+    if settings.dp_target_epsilon > 0:
+        noise = calibrate(
+            settings.dp_target_epsilon, settings.dp_sampling, rate, population, cohort, rounds,
+            delta,
+        )  # fmt: skip
+    minimum = settings.dp_min_clients or max(1, math.floor(cohort))
+    clip = settings.dp_clip or math.inf
+    return Mechanism(
+        settings.dp, clip, noise, settings.dp_sampling, population, rate, cohort,
+        delta, minimum, settings.dp_server_lr,
+    )  # fmt: skip
+
+
+def default_delta(population: int) -> float:
+    """``1 / population^1.1``: below one over the number of clients protected."""
+    return float(population) ** -1.1
+
+
+# ------------------------------------------------------------------------ the mechanism
+def secret_generator() -> np.random.Generator:
+    """A generator seeded by the operating system's entropy (128 bits of ``secrets``),
+    unrelated to the run seed."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
+    """The norm of ``arrays - reference``, all arrays as one vector, in float64."""
+    total = 0.0
+    for name, values in arrays.items():
+        delta = values.astype(np.float64) - reference[name]
+        total += float(np.sum(delta * delta))
+    return math.sqrt(total)
+
+
+def clipped(
+    arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], clip: float
+) -> dict[str, np.ndarray]:
+    """``reference + Delta min(1, clip / ||Delta||)``, ``Delta = arrays - reference``:
+    the arrays themselves when their update is within the clip (or not finite: screening
+    rejects those before), else scaled onto the sphere of radius ``clip``, in the arrays'
+    dtype.
+
+    Raises
+    ------
+    ValueError
+        If ``arrays`` and ``reference`` name different arrays.
+    """
+    if set(arrays) != set(reference):
+        raise ValueError(
+            f"the update has arrays {sorted(arrays)}, the reference {sorted(reference)}"
+        )
+    norm = update_norm(arrays, reference)
+    if not norm > clip:
+        return dict(arrays)
+    scale = clip / norm
+    out = {}
+    for name, values in arrays.items():
+        delta = values.astype(np.float64) - reference[name]
+        out[name] = (reference[name] + scale * delta).astype(values.dtype)
+    # Rounding to the arrays' dtype may leave the norm a hair above the clip: shrink by
+    # 1e-6, then twice as much each time, until within (scale 0 is the reference itself).
+    cut = 1e-6
+    while update_norm(out, reference) > clip:
+        scale = max(0.0, scale * (1 - cut))
+        cut *= 2
+        out = {
+            name: (reference[name] + scale * (v.astype(np.float64) - reference[name])).astype(
+                v.dtype
+            )
+            for name, v in arrays.items()
+        }
+    return out
+
+
+def noised(
+    arrays: Mapping[str, np.ndarray], std: float, generator: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """``arrays`` plus independent Gaussian noise of standard deviation ``std`` on every
+    value (added in float64, kept in the arrays' dtype); the arrays unchanged for
+    ``std = 0``."""
+    if std == 0:
+        return dict(arrays)
+    return {
+        name: (values + generator.normal(0.0, std, size=values.shape)).astype(values.dtype)
+        for name, values in arrays.items()
+    }
+
+
+def private_update(
+    received: Mapping[str, np.ndarray],
+    trained: Mapping[str, np.ndarray],
+    mechanism: Mechanism,
+    generator: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """Distributed DP on the device: the trained shared arrays with their update clipped
+    to ``C`` and noised by the client's share (``Mechanism.share_std``). Arrays the
+    server did not send (none in the built-in rows) pass unchanged."""
+    shared = {name: trained[name] for name in trained if name in received}
+    reference = {name: received[name] for name in shared}
+    private = noised(clipped(shared, reference, mechanism.clip), mechanism.share_std, generator)
+    return {**dict(trained), **private}
+
+
+def release(
+    updates: Sequence[Mapping[str, np.ndarray]],
+    reference: Mapping[str, np.ndarray],
+    mechanism: Mechanism,
+    generator: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """The next global arrays from the round's usable replies ``updates`` (already
+    screened): ``w + lr (sum_c clip(Delta_c) + N(0, sigma^2)) / cohort``.
+
+    Central: every update is clipped to ``C`` here and the noise has ``sigma = z C``.
+    Distributed: the devices clipped and noised their updates; the server clips each to
+    ``distributed_bound`` (which an honest noised update exceeds with probability below
+    1e-20, so only a device that skipped its clipping is cut) and adds only the noise
+    that the replies missing below ``k_min`` would have carried,
+    ``sigma = share_std sqrt(max(0, k_min - k))``.
+
+    With the expected cohort complete (``k = cohort``, a sample without replacement with
+    no reply lost) the mean is FedAvg's ``weighted_mean`` of the clipped arrays with
+    equal weights, so with no noise, no clip and ``lr = 1`` the result is the same bits
+    as the non-private mean of equally weighted clients.
+    """
+    names = list(reference)
+    if mechanism.mode is DpMode.CENTRAL:
+        kept = [clipped({n: u[n] for n in names}, reference, mechanism.clip) for u in updates]
+        std = mechanism.sum_std
+    else:
+        bound = distributed_bound(mechanism, sum(a.size for a in reference.values()))
+        kept = [clipped({n: u[n] for n in names}, reference, bound) for u in updates]
+        missing = max(0, mechanism.min_clients - len(kept))
+        std = mechanism.share_std * math.sqrt(missing)
+    k = len(kept)
+    if k and k == mechanism.cohort:
+        centre = weighted_mean(kept, [1.0] * k)
+    else:  # missing replies count as zero updates: the denominator stays the cohort
+        centre = {}
+        for name in names:
+            total = np.zeros(reference[name].shape, dtype=np.float64)
+            for arrays in kept:
+                total += arrays[name].astype(np.float64) - reference[name]
+            centre[name] = (reference[name] + total / mechanism.cohort).astype(
+                reference[name].dtype
+            )
+    step = noised(centre, std / mechanism.cohort, generator)
+    if mechanism.server_lr == 1.0:
+        return step
+    return {
+        name: (
+            reference[name]
+            + mechanism.server_lr * (step[name].astype(np.float64) - reference[name])
+        ).astype(reference[name].dtype)
+        for name in names
+    }
+
+
+def distributed_bound(mechanism: Mechanism, size: int) -> float:
+    """The largest norm of an honest device's noised update of ``size`` values:
+    ``C + s (sqrt(size) + 10)`` for the share's standard deviation ``s``. The noise's
+    norm is ``s`` times a chi variable of ``size`` degrees, whose standard deviation is
+    below ``1 / sqrt(2)``; by Gaussian concentration (the norm is 1-Lipschitz) it
+    exceeds its mean, at most ``s sqrt(size)``, by ``10 s`` with probability below
+    ``exp(-50)``."""
+    return mechanism.clip + mechanism.share_std * (math.sqrt(size) + 10)
+
+
+def poisson_sample(
+    population: Sequence[int], rate: float, generator: np.random.Generator
+) -> list[int]:
+    """Each of ``population`` independently with probability ``rate``, sorted."""
+    chosen = generator.random(len(population)) < rate
+    return sorted(int(p) for p, taken in zip(population, chosen, strict=True) if taken)
+
+
+# -------------------------------------------------------------------------- accounting
+def accountant_name(sampling: DpSampling) -> str:
+    """The accountant that ``epsilon`` uses for ``sampling``."""
+    if sampling is DpSampling.POISSON:
+        return f"dp-accounting PLD (PoissonSampledDpEvent, discretization {PLD_DISCRETIZATION})"
+    return "dp-accounting RDP (SampledWithoutReplacementDpEvent, replace-one)"
+
+
+def epsilon(
+    sampling: DpSampling,
+    noise_multiplier: float,
+    rate: float,
+    population: int,
+    cohort: float,
+    rounds: int,
+    delta: float,
+    *,
+    clip: float = 1.0,
+) -> float:
+    """Epsilon at ``delta`` of ``rounds`` releases of the subsampled Gaussian mechanism:
+    0 for no release, infinite without noise or clip."""
+    if rounds == 0 or rate == 0:
+        return 0.0
+    if noise_multiplier == 0 or math.isinf(clip):
+        return math.inf
+    return _epsilon(sampling, noise_multiplier, rate, population, cohort, rounds, delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(
+    sampling: DpSampling,
+    noise_multiplier: float,
+    rate: float,
+    population: int,
+    cohort: float,
+    rounds: int,
+    delta: float,
+) -> float:
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    relation = dp_accounting.NeighboringRelation
+    if sampling is DpSampling.POISSON:
+        gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+        event: object = dp_accounting.PoissonSampledDpEvent(rate, gaussian)
+        accountant: dp_accounting.PrivacyAccountant = PLDAccountant(
+            relation.ADD_OR_REMOVE_ONE, value_discretization_interval=PLD_DISCRETIZATION
+        )
+    else:  # replace-one: the sum of clipped updates moves by up to 2 C
+        gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / 2)
+        event = dp_accounting.SampledWithoutReplacementDpEvent(population, round(cohort), gaussian)
+        accountant = RdpAccountant(neighboring_relation=relation.REPLACE_ONE)
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
+    return float(accountant.get_epsilon(delta))
+
+
+def calibrate(
+    target: float,
+    sampling: DpSampling,
+    rate: float,
+    population: int,
+    cohort: float,
+    rounds: int,
+    delta: float,
+) -> float:
+    """The smallest noise multiplier (to 0.1%) whose ``rounds`` releases spend at most
+    ``target`` epsilon at ``delta``.
+
+    Raises
+    ------
+    ConfigError
+        If no noise multiplier up to 1000 reaches ``target``.
+    """
+    spent = functools.partial(
+        epsilon, sampling, rate=rate, population=population, cohort=cohort, rounds=rounds,
+        delta=delta,
+    )  # fmt: skip
+    low, high = 0.0, 1.0
+    while spent(high) > target:
+        low, high = high, 2 * high
+        if high > 1000:
+            raise ConfigError(
+                f"run-config key 'dp-target-epsilon' = {target}: no noise multiplier up to "
+                f"1000 spends so little in {rounds} rounds at sampling rate {rate:g}; raise "
+                "it, or sample fewer clients per round, or run fewer rounds."
+            )
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > target else (low, middle)
+    return high
+
+
+# ---------------------------------------------------------------------------- a run
+EPSILON = "dp.epsilon"  # rounds.jsonl, server: epsilon spent after the round
+RELEASES = "dp.releases"  # rounds.jsonl, server: the releases that epsilon counts
+
+
+def run_mechanism(run: RunConfig) -> Mechanism | None:
+    """The mechanism of ``run`` (None without ``dp``): its clients are the seen ones,
+    sampled at ``fraction-train`` (``clients_per_round`` of them without replacement)
+    over ``num-rounds`` rounds."""
+    return mechanism(
+        run.group(PrivacySettings),
+        population=run.seen_clients,
+        fraction=run.fraction_train,
+        sample_size=run.clients_per_round,
+        rounds=run.num_rounds,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedpers.privacy --epsilon E --rounds T --rate Q --population N``: the
+    noise multiplier that spends ``E`` (what ``dp-target-epsilon`` chooses), for runs
+    whose clients must size their own noise (``dp = "distributed"``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fedpers.privacy", description=main.__doc__)
+    parser.add_argument("--epsilon", type=float, required=True)
+    parser.add_argument("--rounds", type=int, required=True, help="num-rounds")
+    parser.add_argument("--rate", type=float, required=True, help="fraction-train")
+    parser.add_argument("--population", type=int, required=True, help="the seen clients")
+    parser.add_argument("--delta", type=float, default=0.0, help="0: 1 / population^1.1")
+    parser.add_argument("--sampling", choices=[str(s) for s in DpSampling], default="poisson")
+    args = parser.parse_args(argv)
+    sampling = DpSampling(args.sampling)
+    cohort = args.rate * args.population
+    if sampling is DpSampling.WITHOUT_REPLACEMENT:
+        cohort = float(max(1, round(cohort)))
+    delta = args.delta or default_delta(args.population)
+    noise = calibrate(
+        args.epsilon, sampling, cohort / args.population, args.population, cohort, args.rounds,
+        delta,
+    )  # fmt: skip
+    print(f"dp-noise-multiplier = {noise:.4f}  # epsilon {args.epsilon} at delta {delta:.3g}")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""Client-level DP (fedpers.privacy): the clip, the noise, the sample and the accountant,
+each against a bound or an independent oracle (Opacus' PRV accountant, the analytic
+Gaussian mechanism, scipy's chi-squared quantiles)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_array_equal
+from scipy import optimize, stats
+
+from fedpers import privacy
+from fedpers.aggregation import weighted_mean
+from fedpers.config import load_run_config
+from fedpers.privacy import DpMode, DpSampling, Mechanism
+from fedpers.settings import ConfigError
+
+FALSE_FAILURE = 1e-6  # each statistical test below fails a correct mechanism this rarely
+
+
+def _mechanism(**changes: object) -> Mechanism:
+    values: dict[str, object] = {
+        "mode": DpMode.CENTRAL,
+        "clip": 1.0,
+        "noise_multiplier": 1.0,
+        "sampling": DpSampling.WITHOUT_REPLACEMENT,
+        "population": 100,
+        "sampling_rate": 0.1,
+        "cohort": 10.0,
+        "delta": 1e-5,
+        "min_clients": 10,
+        "server_lr": 1.0,
+    }
+    values.update(changes)
+    return Mechanism(**values)  # type: ignore[arg-type]
+
+
+def _arrays(draw: st.DrawFn, shapes: tuple[tuple[int, ...], ...], scale: float) -> dict:
+    return {
+        f"a{i}": np.asarray(
+            draw(
+                st.lists(
+                    st.floats(-scale, scale, allow_nan=False, width=32),
+                    min_size=int(np.prod(s)),
+                    max_size=int(np.prod(s)),
+                )
+            ),
+            dtype=np.float32,
+        ).reshape(s)
+        for i, s in enumerate(shapes)
+    }
+
+
+@st.composite
+def updates(draw: st.DrawFn) -> tuple[dict, dict, float]:
+    shapes = tuple(
+        draw(st.lists(st.sampled_from([(3,), (2, 2), (1,), (4, 1)]), min_size=1, max_size=3))
+    )
+    scale = draw(st.sampled_from([2.0**-10, 1.0, 2.0**10]))
+    return (
+        _arrays(draw, shapes, scale),
+        _arrays(draw, shapes, scale),
+        draw(st.floats(1e-3, 1e3)),
+    )
+
+
+# ------------------------------------------------------------------------------ the clip
+@settings(max_examples=300, deadline=None)
+@given(updates())
+def test_no_clipped_update_exceeds_the_clip(case: tuple[dict, dict, float]) -> None:
+    arrays, reference, clip = case
+    out = privacy.clipped(arrays, reference, clip)
+    norm = privacy.update_norm(arrays, reference)
+    assert privacy.update_norm(out, reference) <= clip
+    assert {n: (a.shape, a.dtype) for n, a in out.items()} == {
+        n: (a.shape, a.dtype) for n, a in arrays.items()
+    }
+    if norm <= clip:  # within the clip: the very arrays, bit for bit
+        for name in arrays:
+            assert_array_equal(out[name], arrays[name])
+    else:  # shortened onto the sphere, to the rounding of float32 values near reference
+        size = sum(a.size for a in arrays.values())
+        largest = max(1.0, *(float(np.max(np.abs(a))) for a in reference.values()))
+        rounding = 4 * math.sqrt(size) * largest * 2.0**-23
+        assert privacy.update_norm(out, reference) >= clip * (1 - 1e-5) - 4 * rounding
+
+
+def test_clipping_keeps_the_direction() -> None:
+    reference = {"w": np.zeros(4, dtype=np.float32)}
+    arrays = {"w": np.array([3.0, 4.0, 0.0, 0.0], dtype=np.float32)}
+    out = privacy.clipped(arrays, reference, 1.0)
+    np.testing.assert_allclose(out["w"], [0.6, 0.8, 0.0, 0.0], rtol=1e-5)
+
+
+def test_a_device_update_under_distributed_dp_is_clipped_before_its_noise() -> None:
+    # With no noise, what leaves the device is the clipped update of the shared parts
+    mechanism = _mechanism(mode=DpMode.DISTRIBUTED, noise_multiplier=0.0, clip=0.5)
+    received = {"body": np.zeros(3, np.float32)}
+    trained = {"body": np.array([10.0, 0.0, 0.0], np.float32)}
+    out = privacy.private_update(received, trained, mechanism, privacy.secret_generator())
+    np.testing.assert_allclose(out["body"], [0.5, 0.0, 0.0], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the noise
+def _chi2_bounds(count: int) -> tuple[float, float]:
+    return (
+        stats.chi2.ppf(FALSE_FAILURE / 2, count) / count,
+        stats.chi2.ppf(1 - FALSE_FAILURE / 2, count) / count,
+    )
+
+
+def test_central_noise_has_the_stated_standard_deviation() -> None:
+    # Prepare: no update at all, so the release is the reference plus the noise / cohort
+    mechanism = _mechanism(noise_multiplier=1.3, clip=0.7, cohort=10.0)
+    reference = {"w": np.zeros(50_000, dtype=np.float64)}
+    # Execute
+    released = privacy.release([], reference, mechanism, privacy.secret_generator())
+    # Assert: sum of squares / sigma^2 is chi-squared with 50,000 degrees
+    sigma = 1.3 * 0.7 / 10.0
+    low, high = _chi2_bounds(50_000)
+    assert low < float(np.mean((released["w"] / sigma) ** 2)) < high
+    assert abs(float(np.mean(released["w"]))) < 6 * sigma / math.sqrt(50_000)
+
+
+def test_distributed_shares_sum_to_the_stated_noise_and_missing_shares_are_topped_up() -> None:
+    mechanism = _mechanism(mode=DpMode.DISTRIBUTED, noise_multiplier=2.0, clip=1.0, min_clients=4)
+    zero = {"w": np.zeros(20_000, dtype=np.float64)}
+    low, high = _chi2_bounds(20_000)
+    # One device's share: z C / sqrt(k_min)
+    share = privacy.private_update(zero, zero, mechanism, privacy.secret_generator())
+    assert low < float(np.mean((share["w"] / (2.0 / 2)) ** 2)) < high
+    # Two usable replies of the four: the server adds the two missing shares, so the
+    # released sum carries z C in all
+    replies = [
+        privacy.private_update(zero, zero, mechanism, privacy.secret_generator()) for _ in range(2)
+    ]
+    released = privacy.release(replies, zero, mechanism, privacy.secret_generator())
+    total = released["w"] * mechanism.cohort  # the noised sum of the updates
+    assert low < float(np.mean((total / 2.0) ** 2)) < high
+
+
+def test_noise_is_not_drawn_from_the_run_seed() -> None:
+    mechanism = _mechanism()
+    reference = {"w": np.zeros(8)}
+    first = privacy.release([], reference, mechanism, privacy.secret_generator())
+    second = privacy.release([], reference, mechanism, privacy.secret_generator())
+    assert not np.array_equal(first["w"], second["w"])
+
+
+def test_without_noise_or_clip_a_full_cohort_is_fedavg_with_equal_weights_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    reference = {"b": rng.normal(size=(5, 3)).astype(np.float32)}
+    replies = [{"b": rng.normal(size=(5, 3)).astype(np.float32)} for _ in range(10)]
+    mechanism = _mechanism(noise_multiplier=0.0, clip=math.inf, cohort=10.0)
+    released = privacy.release(replies, reference, mechanism, privacy.secret_generator())
+    fedavg = weighted_mean(replies, [130.0] * 10)  # the non-private mean, equal sizes
+    assert_array_equal(released["b"], fedavg["b"])
+
+
+def test_a_missing_reply_counts_as_a_zero_update() -> None:
+    reference = {"w": np.zeros(2)}
+    replies = [{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 2.0])}]
+    mechanism = _mechanism(noise_multiplier=0.0, clip=math.inf, cohort=4.0)
+    released = privacy.release(replies, reference, mechanism, privacy.secret_generator())
+    np.testing.assert_allclose(released["w"], [1.0, 1.0])  # the sum over 4, not over 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(updates(), st.integers(1, 5))
+def test_one_client_moves_the_central_release_by_at_most_its_clip(
+    case: tuple[dict, dict, float], cohort: int
+) -> None:
+    # The sensitivity the accountant assumes: without noise, replacing one client's
+    # update moves the released mean by at most 2 C / cohort, removing it by C / cohort
+    honest, reference, clip = case
+    hostile = {n: a * 1e6 + 1e3 for n, a in honest.items()}
+    mechanism = _mechanism(noise_multiplier=0.0, clip=clip, cohort=float(cohort))
+    gen = privacy.secret_generator()
+    others = [honest] * (cohort - 1)
+    base = privacy.release([*others, honest], reference, mechanism, gen)
+    swapped = privacy.release([*others, hostile], reference, mechanism, gen)
+    removed = privacy.release(others, reference, mechanism, gen)
+    scale = max(1.0, *(float(np.max(np.abs(a))) for a in reference.values()))
+    slack = 1e-5 * scale  # float32 rounding of the released arrays
+    assert privacy.update_norm(swapped, base) <= 2 * clip / cohort + slack * math.sqrt(16)
+    assert privacy.update_norm(removed, base) <= clip / cohort + slack * math.sqrt(16)
+
+
+# ---------------------------------------------------------------------------- the sample
+def test_poisson_sampling_has_the_stated_rate() -> None:
+    population = list(range(1000))
+    gen = np.random.default_rng(1)
+    sizes = [len(privacy.poisson_sample(population, 0.05, gen)) for _ in range(400)]
+    # 400,000 Bernoulli(0.05) draws: the count is within 5 standard deviations
+    mean, sd = 400 * 1000 * 0.05, math.sqrt(400 * 1000 * 0.05 * 0.95)
+    assert abs(sum(sizes) - mean) < 5 * sd
+
+
+# ------------------------------------------------------------------------ the accountant
+@pytest.mark.parametrize(
+    ("noise", "rate", "rounds"), [(0.8, 0.01, 100), (1.5, 0.1, 100), (1.0, 0.05, 30)]
+)
+def test_pld_agrees_with_opacus_prv_within_five_percent(
+    noise: float, rate: float, rounds: int
+) -> None:
+    from opacus.accountants import PRVAccountant
+
+    delta = 1e-5
+    ours = privacy.epsilon(DpSampling.POISSON, noise, rate, 1000, rate * 1000, rounds, delta)
+    prv = PRVAccountant()
+    for _ in range(rounds):
+        prv.step(noise_multiplier=noise, sample_rate=rate)
+    theirs = prv.get_epsilon(delta)
+    assert abs(ours - theirs) <= 0.05 * theirs, (ours, theirs)
+
+
+def _analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
+    """The exact epsilon of one Gaussian mechanism of sensitivity 1 (Balle & Wang, ICML
+    2018, Theorem 8): delta(eps) = Phi(1/(2s) - eps s) - e^eps Phi(-1/(2s) - eps s)."""
+
+    def gap(eps: float) -> float:
+        return (
+            stats.norm.cdf(0.5 / sigma - eps * sigma)
+            - math.exp(eps) * stats.norm.cdf(-0.5 / sigma - eps * sigma)
+            - delta
+        )
+
+    return float(optimize.brentq(gap, 0.0, 500.0))
+
+
+@pytest.mark.parametrize(("noise", "rounds"), [(5.0, 10), (20.0, 100), (2.0, 1)])
+def test_every_client_every_round_is_the_closed_form_gaussian(noise: float, rounds: int) -> None:
+    # q = 1: rounds Gaussian releases of noise z compose to one of z / sqrt(rounds)
+    delta = 1e-5
+    exact = _analytic_gaussian_epsilon(noise / math.sqrt(rounds), delta)
+    pld = privacy.epsilon(DpSampling.POISSON, noise, 1.0, 100, 100.0, rounds, delta)
+    assert abs(pld - exact) <= 0.01 * exact, (pld, exact)
+    # Without replacement (replace-one, sensitivity 2 C): the RDP bound is an upper
+    # bound of the exact epsilon of noise z / 2, and within 40% of it here
+    wor = privacy.epsilon(DpSampling.WITHOUT_REPLACEMENT, noise, 1.0, 100, 100.0, rounds, delta)
+    exact_replace = _analytic_gaussian_epsilon(noise / 2 / math.sqrt(rounds), delta)
+    assert exact_replace <= wor <= 1.4 * exact_replace, (wor, exact_replace)
+
+
+def test_the_coarser_discretization_changes_epsilon_by_under_1e4() -> None:
+    from dp_accounting import GaussianDpEvent, NeighboringRelation, PoissonSampledDpEvent
+    from dp_accounting.pld import PLDAccountant
+
+    fine = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    fine.compose(PoissonSampledDpEvent(0.1, GaussianDpEvent(2.0)), 100)
+    coarse = privacy.epsilon(DpSampling.POISSON, 2.0, 0.1, 100, 10.0, 100, 1e-5)
+    assert abs(coarse - fine.get_epsilon(1e-5)) <= 1e-4 * coarse
+    assert coarse >= fine.get_epsilon(1e-5)  # the coarser is pessimistic, never optimistic
+
+
+def test_no_release_costs_nothing_and_no_noise_guarantees_nothing() -> None:
+    assert privacy.epsilon(DpSampling.POISSON, 1.0, 0.1, 100, 10.0, 0, 1e-5) == 0.0
+    assert privacy.epsilon(DpSampling.POISSON, 0.0, 0.1, 100, 10.0, 5, 1e-5) == math.inf
+    spent = [privacy.epsilon(DpSampling.POISSON, 1.0, 0.1, 100, 10.0, r, 1e-5) for r in (1, 10)]
+    assert 0 < spent[0] < spent[1]
+
+
+@pytest.mark.parametrize("sampling", list(DpSampling))
+def test_calibration_spends_at_most_the_target(sampling: DpSampling) -> None:
+    args = (sampling, 0.1, 100, 10.0, 50, 1e-5)
+    noise = privacy.calibrate(4.0, *args)
+    assert privacy.epsilon(sampling, noise, *args[1:]) <= 4.0
+    assert privacy.epsilon(sampling, noise * 0.99, *args[1:]) > 4.0
+
+
+# ------------------------------------------------------------------------- the settings
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"dp": "central", "algorithm": "fedgmm"}, "'mixture' family"),
+        ({"dp": "central", "algorithm": "sheaf-frl"}, "'sheaf' family"),
+        ({"dp": "central", "dataset": "linear"}, "'linear' family"),
+        ({"dp": "central", "aggregation": "trimmed-mean"}, "aggregation = 'mean'"),
+        ({"dp": "central", "dp-clip": -1.0}, "'dp-clip'"),
+        ({"dp": "central", "dp-noise-multiplier": -1.0}, "'dp-noise-multiplier'"),
+        ({"dp": "distributed", "dp-target-epsilon": 2.0}, "'central' only"),
+        ({"dp": "central", "dp-target-epsilon": 2.0, "dp-clip": 0.0}, "'dp-clip' above 0"),
+        ({"dp": "central", "dp-delta": 1.0}, "'dp-delta'"),
+        ({"dp": "central", "dp-server-lr": 0.0}, "'dp-server-lr'"),
+    ],
+)
+def test_bad_privacy_settings_are_refused_before_the_run(overrides: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(overrides)
+
+
+def test_a_run_mechanism_reads_the_population_and_the_default_delta() -> None:
+    run = load_run_config(
+        {"dp": "central", "num-clients": 200, "unseen-fraction": 0.0, "fraction-train": 0.05}
+    )
+    mechanism = privacy.run_mechanism(run)
+    assert mechanism is not None
+    assert (mechanism.population, mechanism.sampling_rate, mechanism.cohort) == (200, 0.05, 10.0)
+    assert mechanism.delta == pytest.approx(200**-1.1)
+    assert mechanism.neighboring == privacy.ADD_OR_REMOVE_ONE
+    assert privacy.run_mechanism(load_run_config({})) is None
