@@ -30,7 +30,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fedpers import algorithms, families, protocol, records
+from fedpers import algorithms, families, privacy, protocol, records
 from fedpers.clients import device_state, faults
 from fedpers.clients.common import Client, SeedsModel
 from fedpers.config import Partitioner, RunConfig
@@ -133,7 +133,8 @@ def _reply(
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One round of local training."""
+    """One round of local training; under ``dp = "distributed"`` the update of the
+    shared parts leaves the device clipped and noised (``fedpers.privacy``)."""
     run = _run(context)
     config = _config(msg)
     client = _client(run, context, msg)
@@ -141,6 +142,9 @@ def train(msg: Message, context: Context) -> Message:
     faults.before_fit(run, partition, config)
     received = _arrays(msg)
     arrays, metrics = client.fit(dict(received), config)
+    mechanism = privacy.run_mechanism(run)
+    if mechanism is not None and mechanism.mode is privacy.DpMode.DISTRIBUTED and received:
+        arrays = privacy.private_update(received, arrays, mechanism, privacy.secret_generator())
     arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
     device_state.count_round(context)
     device_state.persist(

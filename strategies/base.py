@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fedpers import protocol, records
+from fedpers import privacy, protocol, records
 from fedpers.aggregation import aggregate
 from fedpers.algorithms import FinalTest
 from fedpers.config import LrSchedule, RunConfig
@@ -86,6 +86,8 @@ class FedpersStrategy(Strategy):
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
+        self.privacy = privacy.run_mechanism(run)  # client-level DP, or None
+        self.releases = 0  # rounds whose noised shared parts were released
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
@@ -213,9 +215,18 @@ class FedpersStrategy(Strategy):
 
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
-        """Partition ids trained in ``server_round`` (seeded, sorted; seen clients only)."""
+        """Partition ids trained in ``server_round`` (sorted; seen clients only): drawn
+        from the seed and the round, except in a private run with noise, whose sample
+        is secret (``fedpers.privacy``), and Poisson under ``dp-sampling = "poisson"``."""
+        mechanism = self.privacy
+        if mechanism is not None and mechanism.secret:
+            generator = privacy.secret_generator()
+        else:
+            generator = rng(self.run.seed, "sample", server_round)
+        if mechanism is not None and mechanism.sampling is privacy.DpSampling.POISSON:
+            return privacy.poisson_sample(self.seen, mechanism.sampling_rate, generator)
         count = self.run.clients_per_round
-        chosen = rng(self.run.seed, "sample", server_round).choice(self.seen, count, replace=False)
+        chosen = generator.choice(self.seen, count, replace=False)
         return sorted(int(p) for p in chosen)
 
     def lr_factor(self, server_round: int) -> float:
@@ -303,17 +314,24 @@ class FedpersStrategy(Strategy):
         """The shared arrays of the replies, aggregated by the run's ``aggregation`` (the
         default: ``fedpers.aggregation.weighted_mean``, weighted by ``num-examples``);
         None without a reply that carries weight. The loop passes only the replies that
-        passed ``screen``."""
+        passed ``screen``. A private run (``dp``) releases the noised mean of the clipped
+        updates instead (``fedpers.privacy.release``), every round, even of no reply."""
         valid = [r for r in replies if screening.num_examples(r) > 0]
-        if not valid:
+        private = self.privacy is not None and bool(self.shared)
+        if not valid and not private:
             return None, None
         contents = [reply.content for reply in valid]
         metrics = _mean_metrics(contents)
         if not self.shared:
             return None, metrics
         arrays = [screening.arrays_of(reply) for reply in valid]
-        weights = [screening.num_examples(reply) for reply in valid]
-        averaged = self.combine(arrays, weights, self.current_shared)
+        if self.privacy is not None:
+            generator = privacy.secret_generator()
+            averaged = privacy.release(arrays, self.current_shared, self.privacy, generator)
+            self.releases += 1
+        else:
+            weights = [screening.num_examples(reply) for reply in valid]
+            averaged = self.combine(arrays, weights, self.current_shared)
         record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in averaged.items()})
         return record, metrics
 
@@ -384,8 +402,15 @@ class FedpersStrategy(Strategy):
         return None
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
-        """Server-side figures of a round for ``rounds.jsonl`` (none by default)."""
-        return {}
+        """Server-side figures of a round for ``rounds.jsonl``: in a private run the
+        epsilon spent so far (``dp.epsilon``, at ``dp-delta``) and the releases it
+        counts; none otherwise."""
+        if self.privacy is None:
+            return {}
+        return {
+            privacy.EPSILON: self.privacy.epsilon(self.releases),
+            privacy.RELEASES: float(self.releases),
+        }
 
     # ------------------------------------------------------------------ screening
     def checks(self) -> list[screening.Check]:
@@ -510,8 +535,11 @@ class FedpersStrategy(Strategy):
         """Flower's loop (``strategies.rounds.run_rounds``): every round
         ``configure_train``, ``aggregate_train``, ``configure_evaluate`` and
         ``aggregate_evaluate``. ``train_config`` and ``evaluate_config`` default to the
-        strategy's own (``train_config()``, ``evaluate_config()``)."""
+        strategy's own (``train_config()``, ``evaluate_config()``). A resumed private
+        run counts every round before ``first_round`` as released (an upper bound)."""
         self.summary()
+        if self.privacy is not None and self.shared:
+            self.releases = first_round - 1
         return run_rounds(
             self,
             grid,

@@ -207,7 +207,8 @@ def _summary(
     final: FinalTestResult | None,
     started: dict[str, float],
 ) -> dict[str, object]:
-    """The family's summary, then what every run reports: start-up, loss, bytes."""
+    """The family's summary, then what every run reports: start-up, loss, bytes, and
+    the privacy guarantee of a private run."""
     initial_file = recorder.directory / INITIAL_FILE
     summary = config.family.summary(
         RunSummary(
@@ -235,6 +236,9 @@ def _summary(
     summary["bytes_received"] = received
     summary["megabytes_total"] = (sent + received) / 1e6  # training messages, both ways
     summary["evaluate_megabytes"] = sum(r.server.get(EVALUATE_BYTES, 0.0) for r in records_) / 1e6
+    mechanism = strategy.privacy
+    if mechanism is not None:  # client-level DP: the guarantee, recomputable elsewhere
+        summary["privacy"] = mechanism.record(strategy.releases)
     return summary
 
 
