@@ -1,7 +1,8 @@
 """``fedpers-supernode``: Flower's own SuperNode, with its waits shortened.
 
     fedpers-supernode [--poll-interval S] [--reply-poll S] [--object-backoff S]
-                      [--task-poll-interval S] [--flower-waits] FLOWER-SUPERNODE-ARGS...
+                      [--task-poll-interval S] [--launcher prestarted|flower]
+                      [--flower-waits] [--flower-defaults] FLOWER-SUPERNODE-ARGS...
 
 Flower 1.42's SuperNode spends most of a deployed round waiting, not working
 (docs/deploying.md, "Where a deployed round's time goes"):
@@ -14,9 +15,15 @@ Flower 1.42's SuperNode spends most of a deployed round waiting, not working
 - the SuperExec it starts looks for new tasks every 1 s
   (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
 
-This command sets those four waits, then runs Flower's unmodified ``flower-supernode``
-main with the remaining arguments. The wire protocol is Flower's: an unmodified
-SuperLink serves these nodes. ``--flower-waits`` keeps every one of Flower's values.
+- the SuperExec starts a fresh ``flwr-clientapp`` process for every message, which
+  imports Flower's command line and then torch before it can start (3-7 s).
+
+This command sets those four waits and, by default, gives the SuperExec fedpers'
+prestarted launcher (``fedpers.launcher``: every ClientApp process is forked from one
+that has imported Flower and torch already), then runs Flower's unmodified
+``flower-supernode`` main with the remaining arguments. The wire protocol is Flower's:
+an unmodified SuperLink serves these nodes. ``--flower-waits`` keeps every one of
+Flower's waits, ``--launcher flower`` its launcher, and ``--flower-defaults`` both.
 
 A shorter poll costs the SuperLink requests: a node with nothing to do asks for a
 message every ``--poll-interval`` seconds (docs/deploying.md gives the interval to
@@ -29,17 +36,23 @@ import argparse
 import inspect
 import math
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from fedpers.flower_waits import (
+    FLOWER_OBJECT_BACKOFF,
+    FLOWER_OBJECT_BACKOFF_CAP,
+    OBJECT_BACKOFF,
+    OBJECT_BACKOFF_CAP,
+)
+
 # Flower's values, as read from the installed 1.42 source (checked in `_check_source`).
 FLOWER_POLL = 3.0
 FLOWER_REPLY_POLL = 0.5
-FLOWER_OBJECT_BACKOFF = 1.0
-FLOWER_OBJECT_BACKOFF_CAP = 10.0
 FLOWER_TASK_POLL = 1.0
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 
@@ -49,9 +62,9 @@ TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 # the ClientApp processes need. So the SuperExec keeps Flower's 1 s.
 POLL = 0.5
 REPLY_POLL = 0.05
-OBJECT_BACKOFF = 0.05
-OBJECT_BACKOFF_CAP = 1.0
 TASK_POLL = 1.0
+LAUNCHERS = ("prestarted", "flower")
+SUPEREXEC = "flower-superexec"
 
 
 class SuperNodeWaitError(RuntimeError):
@@ -120,7 +133,19 @@ def parser() -> argparse.ArgumentParser:
         f"{TASK_POLL}; Flower: 1)",
     )
     p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="prestarted",
+        help="how the SuperExec starts a ClientApp process: forked from a prestarted "
+        "one (fedpers.launcher; default) or Flower's fresh process per message",
+    )
+    p.add_argument(
         "--flower-waits", action="store_true", help="keep all of Flower's waits (3, 0.5, 1, 1)"
+    )
+    p.add_argument(
+        "--flower-defaults",
+        action="store_true",
+        help="Flower's SuperNode as it ships: --flower-waits and --launcher flower",
     )
     return p
 
@@ -143,6 +168,42 @@ def _check_source(module: ModuleType, pull: Any) -> None:
         )
 
 
+class SuperExecCommand:
+    """``subprocess`` as ``start_client_internal`` sees it: ``Popen(["flower-superexec",
+    ...])`` starts ``python -m fedpers.launcher superexec ...`` (Flower's SuperExec with
+    the prestarted launcher) with the same arguments; every other call is
+    ``subprocess``'s own."""
+
+    def Popen(self, command: Sequence[str], *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        if list(command[:1]) == [SUPEREXEC]:
+            command = [sys.executable, "-m", "fedpers.launcher", "superexec", *command[1:]]
+        return subprocess.Popen(command, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+
+def use_prestarted_launcher() -> None:
+    """Make this process's SuperNode start fedpers' SuperExec (``fedpers.launcher``).
+
+    Raises
+    ------
+    SuperNodeWaitError
+        If Flower's SuperNode no longer starts ``flower-superexec`` where this expects.
+    """
+    from flwr.supernode import start_client_internal as loop
+
+    if f'command = ["{SUPEREXEC}"]' not in inspect.getsource(loop):
+        import flwr
+
+        raise SuperNodeWaitError(
+            f"flwr {flwr.__version__}'s SuperNode does not start {SUPEREXEC} where "
+            f"fedpers-supernode expects ({loop.__file__}): run it with --launcher flower, "
+            "or install the flwr version of constraints.txt"
+        )
+    loop.subprocess = SuperExecCommand()  # type: ignore[assignment]
+
+
 def install(poll: float, reply_poll: float, backoff: float, backoff_cap: float) -> None:
     """Set the waits in this process's SuperNode modules."""
     from flwr.supercore.inflatable import inflatable_utils
@@ -158,6 +219,8 @@ def install(poll: float, reply_poll: float, backoff: float, backoff_cap: float) 
 def main(argv: Sequence[str] | None = None) -> None:
     """Set the waits, then run ``flower-supernode`` with the other arguments."""
     args, rest = parser().parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if args.flower_defaults:
+        args.flower_waits, args.launcher = True, "flower"
     if args.flower_waits:
         waits = (FLOWER_POLL, FLOWER_REPLY_POLL, FLOWER_OBJECT_BACKOFF, FLOWER_OBJECT_BACKOFF_CAP)
         task_poll = os.environ.get(TASK_POLL_ENV, str(FLOWER_TASK_POLL))
@@ -167,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         given = args.task_poll_interval
         task_poll = str(given) if given else os.environ.get(TASK_POLL_ENV, str(TASK_POLL))
     install(*waits)
+    if args.launcher == "prestarted":
+        use_prestarted_launcher()
     os.environ[TASK_POLL_ENV] = task_poll  # the SuperExec it starts inherits it
     from flwr.supernode.cli import flower_supernode
 

@@ -87,6 +87,7 @@ def test_a_wait_out_of_range_fails_before_flower_starts(value: str) -> None:
 def test_the_superexec_inherits_the_task_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[list[str]] = []
     monkeypatch.setattr(supernode, "install", lambda *waits: started.append(list(waits)))
+    monkeypatch.setattr(loop, "subprocess", loop.subprocess)  # the launcher's hook, restored
     monkeypatch.setenv(supernode.TASK_POLL_ENV, "5")  # restored (unset) after the test
     monkeypatch.delenv(supernode.TASK_POLL_ENV)
     import flwr.supernode.cli as cli
