@@ -56,6 +56,12 @@ if SIMULATION:
     from fedpers.strategies import flower_patches
 
     flower_patches.install()
+else:
+    # A deployment: the SuperLink stores a device's reply before its objects, and
+    # Flower's grid retried a missing object after 1 s, doubling to 10 s.
+    from fedpers import flower_waits
+
+    flower_waits.set_object_backoff()
 
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
