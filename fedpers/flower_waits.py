@@ -13,6 +13,9 @@ pulls, and what they pull, are Flower's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 FLOWER_OBJECT_BACKOFF = 1.0
 FLOWER_OBJECT_BACKOFF_CAP = 10.0
 OBJECT_BACKOFF = 0.05
@@ -45,3 +48,19 @@ def set_object_backoff(initial: float = OBJECT_BACKOFF, cap: float = OBJECT_BACK
             "waits; install the flwr version of constraints.txt"
         )
     defaults.update(initial_backoff=initial, backoff_cap=cap)
+
+
+@contextlib.contextmanager
+def object_backoff(
+    initial: float = OBJECT_BACKOFF, cap: float = OBJECT_BACKOFF_CAP
+) -> Iterator[None]:
+    """``set_object_backoff`` while open; Flower's values again after (a ServerApp run in
+    a test's process leaves nothing behind)."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    saved = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
+    set_object_backoff(initial, cap)
+    try:
+        yield
+    finally:
+        inflatable_utils.pull_objects.__kwdefaults__ = saved

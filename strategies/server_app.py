@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -13,7 +14,7 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fedpers import records
+from fedpers import flower_waits, records
 from fedpers.atomic import save_npz
 from fedpers.checkpoint import (
     CHECKPOINT_FILE,
@@ -56,12 +57,6 @@ if SIMULATION:
     from fedpers.strategies import flower_patches
 
     flower_patches.install()
-else:
-    # A deployment: the SuperLink stores a device's reply before its objects, and
-    # Flower's grid retried a missing object after 1 s, doubling to 10 s.
-    from fedpers import flower_waits
-
-    flower_waits.set_object_backoff()
 
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
@@ -97,8 +92,12 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
+    # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
+    # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
+    waits = contextlib.nullcontext() if SIMULATION else flower_waits.object_backoff()
     try:
-        result, final = _run(grid, config, strategy, recorder, checkpoint, started)
+        with waits:
+            result, final = _run(grid, config, strategy, recorder, checkpoint, started)
         _save_arrays(directory / "final_arrays.npz", result.arrays)
         summary = _summary(config, strategy, recorder, final, started)
         written = recorder.finish(summary, plots=[config.family.progress_metric])

@@ -267,3 +267,13 @@ def test_a_supernode_that_starts_no_superexec_is_refused(monkeypatch: pytest.Mon
     monkeypatch.setattr(supernode.inspect, "getsource", lambda module: "subprocess.Popen(x)")
     with pytest.raises(supernode.SuperNodeWaitError, match="--launcher flower"):
         supernode.use_prestarted_launcher()
+
+
+def test_the_object_backoff_of_a_run_is_flowers_again_after_it() -> None:
+    from flwr.supercore.inflatable import inflatable_utils
+
+    before = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
+    with flower_waits.object_backoff(0.02, 0.5):
+        during = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
+    assert (during["initial_backoff"], during["backoff_cap"]) == (0.02, 0.5)
+    assert inflatable_utils.pull_objects.__kwdefaults__ == before
