@@ -95,12 +95,55 @@ clientapp = "fedpers.clients.client_app:app"
 """
 
 
-def app_directory(work: Path) -> Path:
-    """The Flower app that ``flwr run`` builds: the checkout itself, or, installed from a
+def staged_app(project: Path, into: Path) -> Path:
+    """A copy of the Flower app of the checkout ``project`` in ``into``: its
+    pyproject.toml, its .gitignore and the files its ``[tool.flwr.app] fab-include``
+    patterns name (Flower's default patterns without the key), found without entering
+    the folders that Flower or the .gitignore leave out (.venv, .flwr, caches). Flower
+    applies its own rules to the copy as it would to the checkout, so the app bundle
+    (FAB) that ``flwr run`` builds from it is the same, byte for byte
+    (tests/simulations/test_launch.py builds both with Flower's builder).
+
+    Why: ``flwr run`` walks every file below the app's folder before it keeps the
+    included ones; in a checkout with its .venv that is 55,000 files and 11-20 s of
+    processor time for every run (``flwr build``: 12.9 s here, 2.5 s from this copy).
+    """
+    import tomllib
+
+    from flwr.cli.utils import build_pathspec  # Flower's own matching
+    from flwr.common.constant import FAB_INCLUDE_KEY, FAB_INCLUDE_PATTERNS
+    from flwr.supercore.constant import APP_PUBLISH_EXCLUDE_PATTERNS
+
+    pyproject = project / "pyproject.toml"
+    app = tomllib.loads(pyproject.read_text()).get("tool", {}).get("flwr", {}).get("app", {})
+    include = build_pathspec(app.get(FAB_INCLUDE_KEY, FAB_INCLUDE_PATTERNS))
+    ignore = (project / ".gitignore").read_text() if (project / ".gitignore").is_file() else ""
+    skip = build_pathspec([*APP_PUBLISH_EXCLUDE_PATTERNS, *ignore.splitlines()])
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    for name in ("pyproject.toml", ".gitignore"):
+        if (project / name).is_file():
+            shutil.copy2(project / name, into / name)
+    for folder, folders, files in os.walk(project):
+        here = Path(folder).relative_to(project)
+        folders[:] = [d for d in folders if not skip.match_file(f"{(here / d).as_posix()}/")]
+        for name in files:
+            relative = (here / name).as_posix()
+            source = project / relative
+            if include.match_file(relative) and not source.is_symlink():
+                (into / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, into / relative)
+    return into
+
+
+def app_directory(work: Path, stage: Path | None = None) -> Path:
+    """The Flower app that ``flwr run`` builds: in a checkout its app files, staged in
+    ``stage`` (``staged_app``; the checkout itself without one), or, installed from a
     wheel, ``work/app`` with a generated pyproject.toml (every run-config key of the
     schema, installed extensions included) and no code of its own."""
     if CHECKOUT:
-        return PROJECT
+        return PROJECT if stage is None else staged_app(PROJECT, stage)
     from importlib.metadata import version
 
     from fedpers.config import pyproject_table
@@ -157,6 +200,10 @@ class LocalSimulation:
         More environment variables for the SuperLink (and so for its SuperExec and the
         simulation process), e.g. ``RAY_ADDRESS`` of a Ray cluster to run on
         (``simulations.ray_cluster``).
+    cpus_per_client : int (default: 1)
+        Ray CPUs per ClientApp actor of a run that names none: with 1, one actor per
+        core; with the machine's cores, one actor in all (each actor imports torch,
+        about 10 s of processor time a run).
     """
 
     def __init__(
@@ -165,8 +212,10 @@ class LocalSimulation:
         echo: Callable[[str], None] | None = None,
         keep_home: bool = False,
         environment: Mapping[str, str] | None = None,
+        cpus_per_client: int = 1,
     ) -> None:
         self.echo = echo or (lambda line: print(line, flush=True))
+        self.cpus_per_client = cpus_per_client
         self.keep_home = keep_home
         self.environment = dict(environment or {})
         self.work = work_directory()
@@ -189,7 +238,7 @@ class LocalSimulation:
         """Start the SuperLink and wait until its HTTP API answers."""
         self.home.mkdir(parents=True, exist_ok=True)
         ray_directory(self.work).mkdir(parents=True, exist_ok=True)
-        self.app = app_directory(self.work)
+        self.app = app_directory(self.work, stage=self.home / "app")
         self.port = free_port()
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "fedpers"\n\n[superlink.fedpers]\n'
@@ -283,7 +332,7 @@ class LocalSimulation:
         overrides: Mapping[str, Any],
         *,
         num_supernodes: int | None = None,
-        cpus_per_client: int = 1,
+        cpus_per_client: int | None = None,
         gpus_per_client: float = 0.0,
     ) -> Path:
         """Run one experiment; return its results directory.
@@ -295,7 +344,8 @@ class LocalSimulation:
         num_supernodes : int, optional
             Virtual nodes; defaults to the run's ``num-clients``.
         cpus_per_client, gpus_per_client : int, float
-            Ray resources per ClientApp (whole CPUs; GPUs may be fractional).
+            Ray resources per ClientApp (whole CPUs; GPUs may be fractional); the
+            simulation's ``cpus_per_client`` (1) by default.
         """
         if self.process is None:
             raise RuntimeError("LocalSimulation.run called outside `with LocalSimulation()`")
@@ -307,7 +357,8 @@ class LocalSimulation:
         run_config_file.write_text(to_toml(config.to_mapping()))
         nodes = num_supernodes or config.num_clients
         federation = (
-            f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client} "
+            f"num-supernodes={nodes} "
+            f"client-resources-num-cpus={cpus_per_client or self.cpus_per_client} "
             f"client-resources-num-gpus={gpus_per_client}"
         )
         command = [

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from fedpers.simulations.launch import flower_environment
+from fedpers.simulations.launch import flower_environment, staged_app
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -170,6 +170,8 @@ class Cluster:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.node_ids: dict[int, int] = {}
         self.logs: dict[str, Path] = {}
+        # What `flwr run` bundles: the app's files, without the checkout's .venv to walk.
+        self.app = staged_app(PROJECT, work / "app")
         self.cli_home = work / "cli"
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedpers.simulations.launch import flower_environment
+from fedpers.simulations.launch import flower_environment, staged_app
 from tests.deployment.cluster import BIN, PROJECT, load_script
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
@@ -130,7 +130,8 @@ class Compose:
         config = self.work / f"{values['run-name']}.toml"
         config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
         return self.cli(
-            "run", str(PROJECT), self.entrypoint.CONNECTION, "--run-config", str(config),
+            "run", str(staged_app(PROJECT, self.work / "app")), self.entrypoint.CONNECTION,
+            "--run-config", str(config),
             "--stream", timeout=timeout,
         )  # fmt: skip
 
