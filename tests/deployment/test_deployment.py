@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from fedpers.reports import read_rounds, read_summary
-from fedpers.simulations.launch import LocalSimulation
 from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
+from tests.simulations.conftest import InProcessSimulation
 
 # Network namespaces, a bridge and a firewall rule of its own, checked as found after: no
 # other namespace test beside it (one xdist worker for all), and the module's cluster
@@ -107,23 +107,18 @@ def test_unregistered_supernode_is_refused(cluster: Cluster) -> None:
     assert process.poll() is not None
 
 
-# Long on purpose: one deployed run observed as it goes (its simulated twin beside it,
-# a node killed while round 3 runs, its restart, round 4); no part can run alone.
+# Long on purpose: one deployed run observed as it goes (its simulated twin first,
+# a node killed while round 3 runs, its restart, the rounds after); no part can run alone.
 def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     results = tmp_path / "results"
-    # The simulated twin (2 rounds) runs on its own local SuperLink meanwhile.
-    simulated: dict[str, Path] = {}
-
-    def simulate() -> None:
-        with LocalSimulation(echo=lambda line: None) as simulation:
-            simulated["dir"] = simulation.run(
-                {**RUN, "num-rounds": 2, "results-dir": str(results), "run-name": "simulated"}
-            )
-
-    twin = threading.Thread(target=simulate)
-    twin.start()
+    # The simulated twin (2 rounds), in process: the in-process double writes what a
+    # `flwr run` simulation writes, to 1e-9 (tests/simulations/conftest.py), without a
+    # Ray simulation beside the deployment on two cores.
+    simulated = InProcessSimulation().run(
+        {**RUN, "num-rounds": 2, "results-dir": str(results), "run-name": "simulated"}
+    )
     config = tmp_path / "deployed.toml"
     values = {**RUN, "num-rounds": ROUNDS, "results-dir": str(results), "run-name": "deployed"}
     config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
@@ -133,7 +128,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
             "run",
             cluster.cli(
                 "run",
-                str(PROJECT),
+                str(cluster.app),
                 "fedpers",
                 "--run-config",
                 str(config),
@@ -158,13 +153,12 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     cluster.replace_identity(2, spare)
     cluster.start_supernode(2, key=str(cluster.credentials / f"node{spare}" / f"node{spare}"))
     run.join(timeout=RUN_LIMIT)
-    twin.join(timeout=120)
     assert outcome["run"].returncode == 0, outcome["run"].stdout[-3000:] + outcome["run"].stderr
 
     deployed = read_rounds(results / "deployed")
     assert [r.round for r in deployed] == list(range(1, ROUNDS + 1))
     # Rounds 1-2: every node trained; the same metrics as in simulation.
-    twin_rounds = read_rounds(simulated["dir"])
+    twin_rounds = read_rounds(simulated)
     for ours, theirs in zip(deployed[:2], twin_rounds, strict=True):
         assert ours.replies == theirs.replies == NODES
         for section in ("train", "evaluate"):

@@ -4,8 +4,14 @@ double, which runs a script's experiments without Flower's processes or Ray.
 The double runs the same ServerApp ``main`` and the same ClientApp on the same run
 config as ``flwr run``; a run writes what the real run writes: the same rounds, byte
 counts and rejections, every float to 1e-9 (the replies are summed in another order),
-a client error's text aside. Every script's test checks it on the script's first run,
-which goes through a real ``flwr run`` as well (``through_flower``).
+a client error's text aside. Every script's test checks it on the configuration of the
+script's first run, cut to ``FLOWER_ROUNDS`` rounds, which goes through a real ``flwr
+run`` and again in process (``through_flower``); the script's own runs all run in
+process. A real run costs about 25 s before its first round (the CLI, the simulation
+process, Ray and its actors' imports) and 0.3-0.7 s a round on top of the work; the
+cut keeps everything a run does once (start-up, the partition query, the initial vote,
+a round that follows another, the last round's final tests, the summary) at a tenth of
+the rounds of the longest quick forms.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
 import sys
 import threading
@@ -38,7 +45,9 @@ from tests.helpers import InProcessGrid
 def simulation() -> Iterator[LocalSimulation]:
     """One local simulation SuperLink for the session; checks nothing is left after."""
     lines: list[str] = []
-    with LocalSimulation(echo=lines.append) as sim:
+    # One ClientApp actor a run: the tests' runs are small, and a second actor's imports
+    # (torch, about 10 s of processor time) competed with the other xdist worker.
+    with LocalSimulation(echo=lines.append, cpus_per_client=os.cpu_count() or 1) as sim:
         yield sim
     assert processes_with_home(sim.home) == []
 
@@ -111,12 +120,17 @@ class InProcessSimulation:
         return [self.run(overrides, **kwargs) for overrides in runs]
 
 
+FLOWER_ROUNDS = 2  # rounds of the first run's configuration that go through Flower
+
+
 class FirstRunThroughFlower(InProcessSimulation):
-    """The first run through ``real`` (``flwr run`` on Ray), and again in process beside
-    it, into ``<results-dir>/in-process/`` (its twin); every other run in process.
-    ``twins`` holds the (real, in-process) directories of the first run. Every instance
-    made with one ``claim`` lock and ``twins`` list shares them: a script that makes
-    several simulations still sends one run through Flower."""
+    """Every run in process; the first one's configuration, cut to ``FLOWER_ROUNDS``
+    rounds, also through ``real`` (``flwr run`` on Ray) into
+    ``<results-dir>/through-flower/`` and again in process into
+    ``<results-dir>/through-flower/in-process/`` (its twin). ``twins`` holds the (real,
+    in-process) directories of that run. Every instance made with one ``claim`` lock
+    and ``twins`` list shares them: a script that makes several simulations still sends
+    one run through Flower."""
 
     def __init__(
         self,
@@ -132,19 +146,28 @@ class FirstRunThroughFlower(InProcessSimulation):
         self._claimed = threading.Lock() if claim is None else claim  # held for good
 
     def run(self, overrides: Mapping[str, Any], **kwargs: Any) -> Path:
-        if not self._claimed.acquire(blocking=False):
-            return super().run(overrides, **kwargs)
-        directory = self.real.run(overrides, **kwargs)
-        twin = {**overrides, "results-dir": str(directory.parent / "in-process")}
-        self.twins.append((directory, super().run(twin, **kwargs)))
+        directory = super().run(overrides, **kwargs)
+        if self._claimed.acquire(blocking=False):
+            rounds = min(FLOWER_ROUNDS, int(launch.resolved_config(overrides).num_rounds))
+            cut = {
+                **overrides,
+                "num-rounds": rounds,
+                "results-dir": str(directory.parent / "through-flower"),
+            }
+            # on the session's actors (its cpus_per_client), whatever the script asked
+            resources = {k: v for k, v in kwargs.items() if k != "cpus_per_client"}
+            real = self.real.run(cut, **resources)
+            twin = {**cut, "results-dir": str(real.parent / "in-process")}
+            self.twins.append((real, super().run(twin, **kwargs)))
         return directory
 
 
 @contextlib.contextmanager
 def first_run_through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Path]]]:
-    """While open, a script's first run goes through ``simulation`` (a real ``flwr run``)
-    and again in process; all its other runs in process. Yields the (real, twin)
-    directories, for ``assert_through_flower``."""
+    """While open, a script's runs run in process, and its first run's configuration,
+    cut to ``FLOWER_ROUNDS`` rounds, goes through ``simulation`` (a real ``flwr run``)
+    and again in process. Yields the (real, twin) directories, for
+    ``assert_through_flower``."""
     twins: list[tuple[Path, Path]] = []
     kind = functools.partial(FirstRunThroughFlower, simulation, claim=threading.Lock(), twins=twins)
     with simulations_in_process(kind):
@@ -159,10 +182,10 @@ def through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Pat
 
 
 def assert_through_flower(twins: list[tuple[Path, Path]], out: Path) -> None:
-    """The script wrote under ``out``, its first run went through Flower once, and that
-    run's results equal its in-process twin's (``assert_same_run``): what lets every
-    other run of the script run in process. Flower's log holds no terminal codes and no
-    NaN progress line."""
+    """The script wrote under ``out``, its first configuration went through Flower once,
+    and that run's results equal its in-process twin's (``assert_same_run``): what lets
+    the script's runs run in process. Flower's log holds no terminal codes and no NaN
+    progress line."""
     (real, twin), *rest = twins
     assert rest == []
     assert real.is_relative_to(out)
