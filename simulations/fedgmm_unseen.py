@@ -59,7 +59,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     },
 }
 QUICK: dict[str, dict[str, Any]] = {
-    "synthetic": {"num-clients": 30, "num-rounds": 40, "fraction-train": 0.5},
+    # 5 unseen clients; 38 s in process against 58 s for 30 clients x 40 rounds
+    "synthetic": {"num-clients": 25, "num-rounds": 30, "fraction-train": 0.5},
     "digits": {"num-clients": 20, "num-rounds": 15},
 }
 
