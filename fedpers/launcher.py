@@ -10,9 +10,10 @@ data libraries (3-5 s): most of a deployed round on a small device
 ``PrestartedExecutor`` gives the SuperExec processes that have done that work already.
 It starts a *zygote* once: a process that imports the ``flwr-clientapp`` entry point and
 the third-party libraries a fedpers ClientApp uses (``PRELOAD``), but not the app itself,
-whose code still comes from the FAB of each task. For every ClientApp task the zygote
-forks a child, which runs Flower's own ``flwr-clientapp`` main with the task's token and
-arguments, exactly once, and exits: one task per process, as in Flower, and the token
+whose code still comes from the FAB of each task (the child forgets the fedpers that
+runs the launcher before it starts). For every ClientApp task the zygote forks a child,
+which runs Flower's own ``flwr-clientapp`` main with the task's token and arguments,
+exactly once, and exits: one task per process, as in Flower, and the token
 reaches a process only when its task exists. The wire protocol, the SuperNode, the
 SuperLink and the ClientApp's code path are Flower's.
 
@@ -133,6 +134,7 @@ def _child(
             os.dup2(devnull, 2)
         os.close(devnull)
         on_fork()
+        forget_fedpers()
         from flwr.supernode.cli import flwr_clientapp
 
         sys.argv = [CLIENTAPP, *argv]
@@ -147,6 +149,16 @@ def _child(
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def forget_fedpers() -> None:
+    """Drop the fedpers that runs this launcher from the process: a task's ClientApp
+    imports fedpers from its own FAB, which may hold other code than the node's install.
+    (Python imports a package once per process: with the launcher's ``fedpers`` left in
+    ``sys.modules`` the FAB's would never load.)"""
+    for name in [n for n in sys.modules if n == "fedpers" or n.startswith("fedpers.")]:
+        del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_SiblingFinder"]
 
 
 def prepare_child() -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import types
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -277,3 +279,27 @@ def test_the_object_backoff_of_a_run_is_flowers_again_after_it() -> None:
         during = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
     assert (during["initial_backoff"], during["backoff_cap"]) == (0.02, 0.5)
     assert inflatable_utils.pull_objects.__kwdefaults__ == before
+
+
+def test_a_child_imports_the_fedpers_of_its_app_not_the_launchers(tmp_path: Path) -> None:
+    # A FAB's copy of fedpers, told apart by a marker
+    fab, package = tmp_path / "fab", Path(launcher.__file__).parent
+    shutil.copytree(package, fab / "fedpers")
+    shutil.copytree(package.parent / "clients", fab / "clients")  # as a FAB lays it out
+    (fab / "fedpers" / "__init__.py").write_text(
+        (fab / "fedpers" / "__init__.py").read_text() + "\nFROM_THE_FAB = True\n"
+    )
+    script = (
+        "import sys\n"
+        "from fedpers import launcher\n"  # the launcher's fedpers, as in the zygote
+        "launcher.forget_fedpers()\n"
+        f"sys.path.insert(0, {str(fab)!r})\n"  # Flower's app loader puts the FAB first
+        "import fedpers, fedpers.clients\n"
+        "print(getattr(fedpers, 'FROM_THE_FAB', False), fedpers.clients.__file__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    marker, clients = done.stdout.split()
+    assert marker == "True"
+    assert Path(clients).is_relative_to(fab)
