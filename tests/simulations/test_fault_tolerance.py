@@ -35,7 +35,10 @@ def test_faulty_clients_are_left_out_until_too_few_remain(
                 "fault-injection": faults,
                 "results-dir": str(tmp_path),
                 "run-name": "faults",
-            }
+            },
+            # Two actors, as in a run on two cores: with one, the client that sleeps past
+            # the round's timeout would hold up every other client of the round.
+            cpus_per_client=1,
         )
     directory = tmp_path / "faults"
     rounds = read_rounds(directory)  # every line complete and readable
