@@ -50,6 +50,8 @@ def compose(nodes: int = NODES) -> str:
         f"FEDPERS_NODES={nodes}",
         "FEDPERS_ISOLATION=${FEDPERS_ISOLATION:-subprocess}",
     ]
+    # the devices' SuperNode program (docker/entrypoint.py's SUPERNODE when unset)
+    device = [*environment, "FEDPERS_SUPERNODE=${FEDPERS_SUPERNODE:-}"]
     lines = [
         *HEADER,
         *_superlink(environment),
@@ -57,7 +59,7 @@ def compose(nodes: int = NODES) -> str:
         *_register(environment),
     ]
     for index in range(nodes):
-        lines += _supernode(index, environment)
+        lines += _supernode(index, device)
     lines += ["networks:", "  operator: {}", "  devices: {}", "volumes:", "  superlink-data: {}"]
     lines.extend(f"  supernode-{index}-state: {{}}" for index in range(nodes))
     return "\n".join(lines) + "\n"

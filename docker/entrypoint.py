@@ -18,8 +18,11 @@ network namespaces, so the two cannot drift apart.
 Paths and addresses come from the environment (defaults are the containers' paths):
 ``FEDPERS_CREDENTIALS`` (/credentials), ``FEDPERS_STATE`` (/state),
 ``FEDPERS_SUPERLINK`` (superlink:9091; the SuperNodes get fleet:9092), ``FEDPERS_NODES``
-(3), ``FEDPERS_ISOLATION`` (subprocess), ``FEDPERS_TRUSTED_ENTITIES`` (a SuperNode's
-``--trusted-entities`` file; unset by default). The images copy this file alone: it
+(3), ``FEDPERS_ISOLATION`` (subprocess), ``FEDPERS_SUPERNODE`` (the SuperNode program
+and its flags: ``python -m fedpers.supernode``, Flower's SuperNode with short waits and
+the prestarted ClientApp launcher; ``flower-supernode`` for Flower's own),
+``FEDPERS_TRUSTED_ENTITIES`` (a SuperNode's ``--trusted-entities`` file; unset by
+default). The images copy this file alone: it
 imports nothing beside the standard library (and grpc for a SuperNode's health check).
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,6 +42,10 @@ PROXY_PORT = 9092  # the Fleet proxy: the only port devices reach
 NODE_RUNTIME_PORT = 9094  # each SuperNode's local ClientAppIo port
 NODE_HEALTH_PORT = 9095  # each SuperNode's gRPC health server (no TLS, loopback)
 NODES = 3
+# The SuperNode of the images: Flower's, with short waits and the prestarted ClientApp
+# launcher (fedpers.supernode, fedpers.launcher); FEDPERS_SUPERNODE=flower-supernode for
+# Flower's own.
+SUPERNODE = "python -m fedpers.supernode"
 CONNECTION = "fedpers"  # name of the SuperLink connection in $FLWR_HOME/config.toml
 RETRY_SECONDS = 10  # a restarted SuperNode whose previous session is still ONLINE waits this
 CONNECTION_ERROR = 305  # flower-supernode's exit code when the SuperLink refuses it
@@ -243,6 +251,7 @@ def run_supernode(index: int) -> int:
         isolation=isolation,
         health=f"127.0.0.1:{NODE_HEALTH_PORT}",
         trusted_entities=os.environ.get("FEDPERS_TRUSTED_ENTITIES") or None,
+        program=tuple(shlex.split(os.environ.get("FEDPERS_SUPERNODE") or SUPERNODE)),
     )
     started = time.monotonic()
     while True:

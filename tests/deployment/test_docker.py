@@ -248,7 +248,16 @@ def test_superlink_restart_then_resume_gives_the_uninterrupted_metrics(
     """The SuperLink container restarts mid-run (its state on a volume); the SuperNodes
     reconnect by themselves and the run is resumed from its checkpoint to the metrics of
     an uninterrupted run (its simulated twin, which equals a deployed run, see above)."""
-    values = {**RUN, "num-rounds": 5, "run-name": "restarted", "client-state-dir": "/state"}
+    # A SuperNode reconnects to the restarted SuperLink in its own time (Flower's backoff),
+    # and the resumed run may ask it before it is back: a round timeout of 120 s, not 40,
+    # lets each round wait for all three (a round that ends sooner costs nothing more).
+    values = {
+        **RUN,
+        "num-rounds": 5,
+        "run-name": "restarted",
+        "client-state-dir": "/state",
+        "round-timeout": 120.0,
+    }
     twin: dict[str, Path] = {}
     thread = threading.Thread(
         target=lambda: twin.setdefault(
@@ -273,7 +282,7 @@ def test_superlink_restart_then_resume_gives_the_uninterrupted_metrics(
     thread.join(timeout=300)
     records = read_rounds(deployment.results / "restarted")
     assert [r.round for r in records] == [1, 2, 3, 4, 5]
-    assert all(r.replies == NODES for r in records)
+    assert all(r.replies == NODES for r in records), [(r.round, r.replies) for r in records]
     _same_metrics(records, read_rounds(twin["dir"]))
     _record(
         "superlink_restart",
