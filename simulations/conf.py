@@ -92,6 +92,12 @@ def _sheaf_figure3() -> dict[str, Any]:
     return {**sheaf_bottleneck.SETTINGS, "algorithm": "sheaf-frl", "sheaf-latent-dims": "8,8"}
 
 
+def _privacy() -> dict[str, Any]:
+    from fedpers.simulations import privacy
+
+    return {**privacy.SCRIPT, "algorithm": "fedrep", **privacy.private_values("8", "fedrep")}
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     "fedrep_table1": Experiment(
         "FedRep (Collins et al., 2021), Table 1 analogue: MNIST-1D, 100 clients x 2 classes",
@@ -125,6 +131,12 @@ EXPERIMENTS: dict[str, Experiment] = {
         "Sheaf-FRL, Figure 3 analogue: 2 agents, latent dimension 8",
         "sheaf_bottleneck",
         _sheaf_figure3,
+    ),
+    "privacy": Experiment(
+        "Client-level DP of the shared parts (docs/privacy.md): FedRep at epsilon 8, "
+        "MNIST-1D, 1,000 clients x 2 classes",
+        "privacy",
+        _privacy,
     ),
 }
 
