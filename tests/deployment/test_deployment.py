@@ -242,3 +242,25 @@ def _firewall() -> tuple[str, str]:
 
 def _toml(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def test_a_device_container_runs_the_supernode_its_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docker/entrypoint.py starts ``FEDPERS_SUPERNODE`` (program and flags), by default
+    fedpers' SuperNode; compose passes the variable through to every device."""
+    entrypoint = load_script("entrypoint")
+    started: list[list[str]] = []
+    monkeypatch.setattr(entrypoint, "_supervise", lambda commands: started.append(commands[0]) or 0)
+    monkeypatch.setenv("FEDPERS_ISOLATION", "subprocess")
+    for given, program in [
+        ("", ["python", "-m", "fedpers.supernode"]),
+        ("flower-supernode", ["flower-supernode"]),
+        ("fedpers-supernode --launcher flower", ["fedpers-supernode", "--launcher", "flower"]),
+    ]:
+        monkeypatch.setenv("FEDPERS_SUPERNODE", given)
+        assert entrypoint.run_supernode(0) == 0
+        assert started[-1][: len(program)] == program
+        assert "--superlink" in started[-1][len(program) :]
+    compose = (PROJECT / "docker" / "docker-compose.yml").read_text()
+    assert compose.count('"FEDPERS_SUPERNODE=${FEDPERS_SUPERNODE:-}"') == entrypoint.NODES
