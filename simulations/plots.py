@@ -53,11 +53,7 @@ def plot_seeded(
     axes.set_ylabel(ylabel or metric.split(".", 1)[-1] + (" (%)" if scale == 100 else ""))
     if title:
         axes.set_title(title, fontsize=9)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, axes, path)
 
 
 def plot_client_cdf(
@@ -83,6 +79,14 @@ def plot_client_cdf(
     axes.set_ylabel("fraction of clients at or below")
     if title:
         axes.set_title(title, fontsize=9)
+    save_figure(figure, axes, path)
+
+
+def save_figure(figure: Any, axes: Any, path: Path) -> None:
+    """The figures' common finish: a light grid, the legend, a tight layout, 120 dpi,
+    and the figure closed."""
+    from matplotlib import pyplot as plt
+
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()

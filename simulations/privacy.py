@@ -49,7 +49,7 @@ from fedpers.simulations.flags import (
     settings,
 )
 from fedpers.simulations.runs import prepare_output, validate_runs
-from fedpers.simulations.stats import add_statistics, percentile, seed_statistics
+from fedpers.simulations.stats import add_statistics, known_mean, percentile, seed_statistics
 from fedpers.simulations.tables import interval, markdown_table, seeds_note, write_summary
 
 METHODS = ("fedrep", "fedavg", "lg-fedavg", "ditto", "local")
@@ -236,7 +236,7 @@ def _summary(
         summary["paired"].get(f"fedrep-{NON_PRIVATE}", {}), epsilons
     )
     summary["wall_seconds"] = {
-        m: {e: _mean([runs[(m, e, s)].get("wall_seconds") for s in seeds]) for e in epsilons}
+        m: {e: known_mean([runs[(m, e, s)].get("wall_seconds") for s in seeds]) for e in epsilons}
         for m in methods
     }
     summary.update(
@@ -279,11 +279,6 @@ def _smallest_above(paired: Mapping[str, Mapping[str, Any]], epsilons: Sequence[
     return None
 
 
-def _mean(values: Sequence[Any]) -> float:
-    kept = [float(v) for v in values if v is not None]
-    return math.fsum(kept) / len(kept) if kept else math.nan
-
-
 def _table(summary: Mapping[str, Any]) -> str:
     """Accuracy (%) at every epsilon, mean ± std with the 95% interval; the paired rows."""
     epsilons = summary["epsilons"]
@@ -321,6 +316,8 @@ def _plot(summary: Mapping[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from fedpers.simulations.plots import save_figure
+
     epsilons = summary["epsilons"]
     finite = [float(e) for e in epsilons if e != INF]
     where = {e: float(e) for e in epsilons if e != INF}
@@ -338,11 +335,7 @@ def _plot(summary: Mapping[str, Any], path: Path, title: str) -> None:
     axes.set_xlabel("epsilon (client-level, delta = 1/N^1.1)")
     axes.set_ylabel("final accuracy (%)")
     axes.set_title(title, fontsize=9)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, axes, path)
 
 
 if __name__ == "__main__":
