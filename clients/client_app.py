@@ -142,8 +142,11 @@ def train(msg: Message, context: Context) -> Message:
     faults.before_fit(run, partition, config)
     received = _arrays(msg)
     arrays, metrics = client.fit(dict(received), config)
-    mechanism = privacy.run_mechanism(run)
-    if mechanism is not None and mechanism.mode is privacy.DpMode.DISTRIBUTED and received:
+    # Only a distributed run's device needs the mechanism: building it may calibrate the
+    # noise (seconds of accounting), which a central run's devices must not pay per message.
+    if run.group(privacy.PrivacySettings).dp is privacy.DpMode.DISTRIBUTED and received:
+        mechanism = privacy.run_mechanism(run)
+        assert mechanism is not None  # dp is not "none"
         arrays = privacy.private_update(received, arrays, mechanism, privacy.secret_generator())
     arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
     device_state.count_round(context)

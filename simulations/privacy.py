@@ -174,7 +174,7 @@ def _run_grid(
         }
         for m, e, s in keys
     ]
-    validate_runs(runs)  # also chooses each finite epsilon's noise: a refusal comes now
+    validate_runs(runs)
     kwargs = resources(args)
     prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
