@@ -43,12 +43,10 @@ from fedpers.reports import read_summary
 from fedpers.simulations.flags import (
     add_key_flags,
     output_parser,
-    parallelism,
-    resources,
     seeds_of,
     settings,
 )
-from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.runs import run_all
 from fedpers.simulations.stats import add_statistics, known_mean, percentile, seed_statistics
 from fedpers.simulations.tables import interval, markdown_table, seeds_note, write_summary
 
@@ -154,8 +152,6 @@ def _run_grid(
 ) -> dict[tuple[str, str, int], Path]:
     """Every (method, epsilon, seed) run, validated before anything starts; Local's
     one run per seed stands under every epsilon."""
-    from fedpers.simulations.launch import LocalSimulation
-
     root = args.out.expanduser().resolve() / "runs"
     # The non-private runs first: a private run's sample and noise are secret, so only
     # those repeat exactly (the first run is the one a test sends through Flower too).
@@ -174,12 +170,7 @@ def _run_grid(
         }
         for m, e, s in keys
     ]
-    validate_runs(runs)
-    kwargs = resources(args)
-    prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        done = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
-    directories = dict(zip(keys, done, strict=True))
+    directories = dict(zip(keys, run_all(args, runs), strict=True))
     for s in seeds:
         if NON_PRIVATE in methods:
             for e in epsilons:

@@ -111,8 +111,6 @@ def run_methods(
     (default: itself); a method in ``shared`` takes the run of another method (FedAvg's
     numbers come from the FedAvg+FT run). Validates every run, and that ``--out`` may be
     written, before the SuperLink starts."""
-    from fedpers.simulations.launch import LocalSimulation
-
     root = args.out.expanduser().resolve() / "runs"
     algorithm = algorithm or {}
     shared = {m: s for m, s in (shared or {}).items() if s in methods}
@@ -127,13 +125,21 @@ def run_methods(
         }
         for m, seed in keys
     ]
-    validate_runs(runs)
-    kwargs = resources(args)
-    prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        done = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
-    directories = dict(zip(keys, done, strict=True))
+    directories = dict(zip(keys, run_all(args, runs), strict=True))
     for method, source in shared.items():
         for seed in seeds:
             directories[(method, seed)] = directories[(source, seed)]
     return directories
+
+
+def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """Validate every run and that ``--out`` may be written, then run them all on one
+    local simulation SuperLink (``--parallel`` at a time, ``--cpus-per-client`` ...);
+    returns their run directories, in order."""
+    from fedpers.simulations.launch import LocalSimulation
+
+    validate_runs(runs)
+    kwargs = resources(args)
+    prepare_output(args.out, overwrite=args.overwrite)
+    with LocalSimulation() as simulation:
+        return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
