@@ -193,3 +193,115 @@ def test_dropout_and_initial_weights_are_the_bits_torch_manual_seed_gives(
         assert set(mine) == set(other)
         for name in mine:
             np.testing.assert_array_equal(mine[name], other[name])
+
+
+@pytest.mark.parametrize(
+    ("model_name", "momentum", "weight_decay", "clip"),
+    [
+        ("mnist1d-mlp", 0.9, 0.1, None),
+        ("mnist1d-mlp", 0.0, 0.0, None),
+        ("mnist1d-mlp", 0.5, 0.0, 1.0),
+        ("cifar10-cnn", 0.9, 5e-4, None),
+    ],
+)
+def test_sgd_takes_the_steps_torch_optim_sgd_takes_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+    model_name: str,
+    momentum: float,
+    weight_decay: float,
+    clip: float | None,
+) -> None:
+    """``training.SGD`` against ``torch.optim.SGD`` on the two parameter groups ``train``
+    gave it before (weights with decay, biases without): the same bits after three
+    epochs of ``train``, weight decay, momentum and clipping included."""
+    import fedpers.training as training_module
+
+    class TorchSGD:
+        def __init__(self, params: list[torch.nn.Parameter], settings: SGDSettings) -> None:
+            self.optimizer = torch.optim.SGD(
+                [
+                    {
+                        "params": [p for p in params if p.ndim >= 2],
+                        "weight_decay": settings.weight_decay,
+                    },
+                    {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+                ],
+                lr=settings.lr,
+                momentum=settings.momentum,
+            )
+
+        def zero_grad(self) -> None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+        def step(self) -> None:
+            self.optimizer.step()
+
+    shape = (3, 32, 32) if model_name.startswith("cifar") else (40,)
+    x = torch.randn(48, *shape, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(48) % 4
+    settings = SGDSettings(lr=0.05, momentum=momentum, weight_decay=weight_decay, batch_size=16)
+
+    def trained() -> dict[str, np.ndarray]:
+        model = build_model(model_name, 10, seed=2)
+        for parts in (("head",), ("body", "head")):  # a frozen part, then both
+            train(
+                model,
+                x,
+                y,
+                parts=parts,
+                epochs=3,
+                settings=settings,
+                generator=torch.Generator().manual_seed(5),
+                max_grad_norm=clip,
+            )
+        return part_arrays(model, ("body", "head"))
+
+    ours = trained()
+    monkeypatch.setattr(training_module, "SGD", TorchSGD)
+    theirs = trained()
+    start = part_arrays(build_model(model_name, 10, seed=2), ("body", "head"))
+    assert any(not np.array_equal(ours[k], start[k]) for k in ours)  # it trained
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+
+
+def test_sgd_skips_a_parameter_without_a_gradient_as_torch_does() -> None:
+    used, unused = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    optimizer = _sgd([used, unused])
+    (used * torch.arange(4.0).reshape(2, 2)).sum().backward()
+    optimizer.step()
+    np.testing.assert_array_equal(unused.detach().numpy(), np.ones(2))
+    # weight decay 0.1 on the 2-D tensor, lr 0.5: 1 - 0.5 * (g + 0.1 * 1)
+    expected = 1 - 0.5 * (np.arange(4.0).reshape(2, 2) + 0.1)
+    np.testing.assert_allclose(used.detach().numpy(), expected, rtol=1e-6)
+    optimizer.zero_grad()
+    assert used.grad is None
+
+
+def _sgd(params: list[torch.nn.Parameter]) -> object:
+    from fedpers.training import SGD
+
+    return SGD(params, SGDSettings(lr=0.5, momentum=0.0, weight_decay=0.1, batch_size=1))
+
+
+def test_training_does_not_import_torch_dynamo() -> None:
+    """A fresh process trains without importing torch._dynamo (seconds of start-up in
+    every cold ClientApp and Ray actor; fedpers.training's docstring)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from fedpers.models import build_model\n"
+        "from fedpers.training import SGDSettings, train\n"
+        "m = build_model('mnist1d-mlp', 10, seed=0)\n"
+        "x, y = torch.randn(8, 40), torch.arange(8) % 10\n"
+        "s = SGDSettings(lr=0.1, momentum=0.9, weight_decay=0.1, batch_size=4)\n"
+        "train(m, x, y, parts=('body', 'head'), epochs=1, settings=s,\n"
+        "      generator=torch.Generator(), max_grad_norm=1.0)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "False"
