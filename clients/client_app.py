@@ -109,7 +109,8 @@ def _arrays(msg: Message) -> dict[str, np.ndarray]:
     if protocol.ARRAYS not in msg.content.array_records:
         return {}
     return {
-        name: array.numpy() for name, array in msg.content.array_records[protocol.ARRAYS].items()
+        name: records.values(array)
+        for name, array in msg.content.array_records[protocol.ARRAYS].items()
     }
 
 

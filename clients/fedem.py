@@ -18,7 +18,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch.nn import functional as F
 
-from fedpers import gmm, protocol
+from fedpers import gmm, protocol, records
 from fedpers.clients.base import TorchClient
 from fedpers.clients.common import Arrays, Metrics, config_float, config_int
 from fedpers.config import RunConfig
@@ -50,7 +50,7 @@ class FedEMClient(TorchClient):
         stored = state.get(protocol.STATE_PERSONAL)
         if stored is not None:
             assert isinstance(stored, ArrayRecord)
-            self.weights = stored[mixture_family.MIXTURE_WEIGHTS].numpy()
+            self.weights = records.values(stored[mixture_family.MIXTURE_WEIGHTS])
         else:
             cells = self.components * mixture_family.settings(run).mixture_learners
             self.weights = np.full(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fedpers import protocol, sheaf
+from fedpers import protocol, records, sheaf
 from fedpers.clients.base import TorchClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
@@ -57,7 +57,9 @@ class SheafClient(TorchClient):
         if STATE_MODEL in state:
             stored = state[STATE_MODEL]
             assert isinstance(stored, ArrayRecord)
-            self.model.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in stored.items()})
+            self.model.load_state_dict(
+                {k: torch.from_numpy(records.values(v)) for k, v in stored.items()}
+            )
         self.model.to(self.device)
         self.pilots_x, self.pilots_y = pilot_data(run)
         self.lam = sheaf_family.settings(run).sheaf_lambda if self.cooperative else 0.0
@@ -151,7 +153,10 @@ class SheafClient(TorchClient):
 
     def _stored(self, key: str) -> dict[str, np.ndarray]:
         record = self.state.get(key)
-        return {} if record is None else {k: v.numpy() for k, v in record.items()}  # type: ignore[union-attr]
+        if record is None:
+            return {}
+        assert isinstance(record, ArrayRecord)
+        return {k: records.values(v) for k, v in record.items()}
 
     # -------------------------------------------------------------------- train
     def edge_targets(self, arrays: Arrays) -> list[tuple[np.ndarray, np.ndarray | None]]:

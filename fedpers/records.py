@@ -5,13 +5,20 @@ bytes, lists of them), so reading one as a number needs a check, not a cast. The
 helpers check and convert; a value of another type is a ``TypeError`` that names the
 key, which screening turns into a rejection on the server and the ClientApp into a
 clean error line on a device.
+
+``values`` decodes an ``Array`` as ``Array.numpy()`` does, without parsing the same
+.npy header again for every message.
 """
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Mapping
+from typing import Any
 
-from flwr.app import ConfigRecord
+import numpy as np
+from flwr.app import Array, ConfigRecord
 
 
 def number(value: object, key: str = "value") -> float:
@@ -60,3 +67,65 @@ def config_float(config: ConfigRecord, key: str) -> float:
     if key not in config:
         raise KeyError(f"the server's message lacks config entry '{key}'")
     return number(config[key], key)
+
+
+# ------------------------------------------------------------------------------- arrays
+_NPY_MAGIC = b"\x93NUMPY"
+_HEADER_CACHE_SIZE = 1024
+_headers: dict[bytes, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+
+
+def values(array: Array) -> np.ndarray:
+    """The numpy array an ``Array`` holds: what ``array.numpy()`` returns, value for
+    value, dtype and shape (a writable copy, as ``np.load`` gives), faster.
+
+    ``Array.numpy()`` is ``np.load`` on the bytes, which parses the .npy header with
+    ``ast.literal_eval`` for every array: 0.1-0.2 ms, a fifth of a FedGMM script's
+    message handling (122,000 decodes, cProfile). The headers of a run repeat (one per
+    array name), so each distinct header is parsed once, by numpy, and remembered (at
+    most ``_HEADER_CACHE_SIZE``; a flood of distinct headers only empties the memory).
+    Anything but a C-ordered, numeric, version 1 or 2 .npy goes to ``array.numpy()``, and
+    so does any failure, so that errors are numpy's own.
+    """
+    data = array.data
+    if (
+        array.stype != "numpy.ndarray"
+        or not isinstance(data, bytes)
+        or data[:6] != _NPY_MAGIC
+        or data[7:8] != b"\x00"  # a minor version numpy refuses
+    ):
+        return array.numpy()
+    try:
+        major = data[6]
+        width = 2 if major == 1 else 4
+        length = int.from_bytes(data[8 : 8 + width], "little")
+        start = 8 + width + length
+        header = data[8 + width : start]
+        known = _headers.get(header)
+        if known is None:
+            known = _parse_header(data, major)
+            if len(_headers) >= _HEADER_CACHE_SIZE:
+                _headers.clear()
+            _headers[header] = known
+        dtype, shape = known
+        count = math.prod(shape)
+        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+        return flat.reshape(shape).copy()
+    except (ValueError, TypeError, IndexError, _FallbackError):
+        return array.numpy()
+
+
+class _FallbackError(Exception):
+    """A header ``values`` leaves to ``np.load``."""
+
+
+def _parse_header(data: bytes, major: int) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    readers = {1: np.lib.format.read_array_header_1_0, 2: np.lib.format.read_array_header_2_0}
+    if major not in readers:
+        raise _FallbackError
+    stream = io.BytesIO(data)
+    np.lib.format.read_magic(stream)
+    shape, fortran, dtype = readers[major](stream)  # numpy's own parser and checks
+    if fortran or dtype.hasobject or dtype.kind not in "biufc":
+        raise _FallbackError
+    return dtype, tuple(int(n) for n in shape)

@@ -290,7 +290,7 @@ class FedpersStrategy(Strategy):
         and the round's settings (the learning rate under the schedule)."""
         config[protocol.ROUND] = server_round
         self.sent_arrays = screening.array_specs(arrays)
-        self.current_shared = {name: array.numpy() for name, array in arrays.items()}
+        self.current_shared = {name: records.values(array) for name, array in arrays.items()}
         if protocol.LR in config:
             base_lr = records.number(config[protocol.LR], protocol.LR)
             config[protocol.LR] = base_lr * self.lr_factor(server_round)

@@ -112,7 +112,7 @@ class FedEM(FedpersStrategy):
         contents = [reply.content for reply in valid]
         arrays = [c.array_records[protocol.ARRAYS] for c in contents]
         weights = np.stack([self.learner_weights(c) for c in contents])  # (C, M2)
-        updated = {name: array.numpy() for name, array in self.current.items()}
+        updated = {name: records.values(array) for name, array in self.current.items()}
         for m in range(self.learners):
             if not weights[:, m].sum() > 0:
                 continue  # no client used this learner: keep it
@@ -120,7 +120,9 @@ class FedEM(FedpersStrategy):
             names = [n for n in updated if n.startswith(prefix)]
             if self.run.aggregation == Aggregation.MEAN:
                 for name in names:
-                    average = gmm.weighted_average([a[name].numpy() for a in arrays], weights[:, m])
+                    average = gmm.weighted_average(
+                        [records.values(a[name]) for a in arrays], weights[:, m]
+                    )
                     updated[name] = average.astype(updated[name].dtype)
                 continue
             users = [c for c in range(len(arrays)) if weights[c, m] > 0]

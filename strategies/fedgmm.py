@@ -24,7 +24,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import gmm, protocol
+from fedpers import gmm, protocol, records
 from fedpers.config import RunConfig
 from fedpers.families import mixture as mixture_family
 from fedpers.families.mixture import Embedding, GmmAggregation, GmmCovariance
@@ -284,7 +284,7 @@ class FedGMM(FedEM):
             self.current[mixture_family.GMM_MEANS].numpy(),
             self.current[mixture_family.GMM_COVARIANCES].numpy(),
         )
-        decoded = [{name: array.numpy() for name, array in a.items()} for a in arrays]
+        decoded = [{name: records.values(array) for name, array in a.items()} for a in arrays]
         if self.aggregation == GmmAggregation.EXACT:
             new = gmm.components_from_statistics(
                 _pooled(decoded, previous.means), ridge=self.ridge, previous=previous

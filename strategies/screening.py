@@ -59,7 +59,7 @@ def decode(name: str, array: Array) -> np.ndarray:
             f"array {shown(name)} is serialized as {shown(array.stype)}, not numpy"
         )
     try:
-        values = array.numpy()
+        values = records.values(array)
     except Exception as error:
         raise ScreeningError(f"array '{name}' does not decode ({type(error).__name__})") from None
     if tuple(values.shape) != tuple(array.shape) or str(values.dtype) != array.dtype:
