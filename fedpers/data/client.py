@@ -208,8 +208,7 @@ def _client_data(
     if key.mixture is not None:
         if transforms:
             raise ValueError("image transforms do not apply to the synthetic mixtures")
-        x, y, _ = key.mixture.sample(partition_id)
-        return _split_per_client(x, y, key.seed, partition_id)
+        return _mixture_client(key, partition_id)
     dataset = _dataset(key)
 
     def features(raw: np.ndarray) -> np.ndarray:
@@ -267,6 +266,15 @@ def _generated_client(key: DataKey, partition_id: int) -> ClientData:
     train, test = generated_sizes(key)
     x, y, x_test, y_test = mnist1d_client(key.seed, partition_id, classes, train, test)
     return ClientData(x, y, x_test, y_test)
+
+
+@lru_cache(maxsize=256)
+def _mixture_client(key: DataKey, partition_id: int) -> ClientData:
+    """A synthetic mixture client's samples, split; cached per process (at most 1,000
+    samples a client: 128 kB at 32 dimensions), as every message would draw them anew."""
+    assert key.mixture is not None
+    x, y, _ = key.mixture.sample(partition_id)
+    return _split_per_client(x, y, key.seed, partition_id)
 
 
 def _split_per_client(
