@@ -37,19 +37,29 @@ from fedpers.reports import read_rounds, read_summary
 from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 from fedpers.simulations import launch
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation, processes_with_home
+from fedpers.simulations.ray_cluster import RayHead
 from fedpers.strategies import server_app
 from tests.helpers import InProcessGrid
 
 
 @pytest.fixture(scope="session")
 def simulation() -> Iterator[LocalSimulation]:
-    """One local simulation SuperLink for the session; checks nothing is left after."""
+    """One local simulation SuperLink for the session, its runs on one Ray head that
+    lives as long (``ray_cluster.RayHead``: each run would start and stop a Ray
+    instance, 7 s of a small run's 17); checks nothing of either is left after."""
     lines: list[str] = []
+    cpus = os.cpu_count() or 1
     # One ClientApp actor a run: the tests' runs are small, and a second actor's imports
     # (torch, about 10 s of processor time) competed with the other xdist worker.
-    with LocalSimulation(echo=lines.append, cpus_per_client=os.cpu_count() or 1) as sim:
+    with (
+        RayHead(cpus=cpus) as head,
+        LocalSimulation(
+            echo=lines.append, cpus_per_client=cpus, environment=head.driver_environment()
+        ) as sim,
+    ):
         yield sim
     assert processes_with_home(sim.home) == []
+    assert head.pids() == []
 
 
 class InProcessSimulation:
