@@ -7,9 +7,11 @@
 # that must not overlap, or that share a module's set-up, carry @pytest.mark.xdist_group
 # and --dist loadgroup keeps each group on one worker: "netns" (network namespaces and
 # the firewall: tests/deployment), "linear" (one run of simulations.fedrep_linear for
-# three tests), "script-helps" (every script's --help, run once for tests/test_docs.py).
-# Every simulation has its own FLWR_HOME and ports, and Ray its own session, so the rest
-# may run side by side.
+# three tests), "script-helps" (every script's --help, run once for tests/test_docs.py),
+# "wheel" (the wheels and their venv, built once for tests/test_wheel.py). Files with a
+# Flower test are handed out first (tests/conftest.py).
+# Every simulation has its own FLWR_HOME and ports, and each worker its own Ray head
+# (tests/simulations/conftest.py), so the rest may run side by side.
 
 PYTHON ?= python3
 VENV   := .venv

@@ -32,7 +32,14 @@ def _package_loggers() -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse to run when `--dist loadgroup` would not keep an xdist_group on one worker.
+    """Tests that start Flower processes first; refuse to run when `--dist loadgroup`
+    would not keep an xdist_group on one worker.
+
+    The Flower tests take 20-110 s each, against seconds for almost all others, and
+    xdist hands the tests out in this order (groups first), a few at a time to whichever
+    worker is free: started first, they end while the short tests fill the other
+    worker, and neither waits alone for a long test at the end (in file order they were
+    spread over the second half of the files).
 
     xdist marks a grouped test by appending "@group" to its node id after collection; the
     scheduler keeps ids with the same suffix on one worker. pytest 9.2 no longer reads the
@@ -40,6 +47,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     namespace tests ran side by side and each saw the other's firewall rule). The tests
     that need a group would then fail by chance, not by a bug: stop before any runs.
     """
+    # By file, so that a module's fixtures are set up once: files with a Flower test
+    # first, each file's tests in their order (the sort is stable).
+    flower_files = {item.path for item in items if item.get_closest_marker("flower")}
+    items.sort(key=lambda item: item.path not in flower_files)
     if not getattr(config.option, "loadgroup", False):
         return
     lost = [

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# On one xdist worker: the module's wheels and venv (12-13 s) were built on both.
+pytestmark = pytest.mark.xdist_group("wheel")
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "server_momentum"
 TOOLS = ("flwr", "flower-superlink", "flower-superexec", "flwr-serverapp", "flwr-clientapp",
