@@ -251,6 +251,11 @@ class RayCluster:
             raise RayClusterError(f"Ray processes {leftover} outlived SIGKILL")
 
 
+# The raylet starts an idle Python worker per CPU for every job that connects; Flower's
+# ClientApp actors start workers of their own, so each run paid for two that did nothing.
+_NO_PRESTART = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+
+
 class RayHead:
     """One Ray head node on loopback that many simulations join; a context manager.
 
@@ -294,7 +299,7 @@ class RayHead:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         env = flower_environment(self.home)  # loopback: RAY_ENABLE_..._CLUSTER=0
-        env.update({MARKER: self.id, "RAY_TMPDIR": str(self.tmp)})
+        env.update({MARKER: self.id, "RAY_TMPDIR": str(self.tmp), **_NO_PRESTART})
         env.pop("RAY_ADDRESS", None)
         command = [
             str(BIN / "ray"), "start", "--head",

@@ -19,6 +19,7 @@ from fedpers.data import registry, sources
 from fedpers.models import MODELS
 from fedpers.reports import read_rounds, read_summary
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
+from fedpers.simulations.ray_cluster import RayHead
 from fedpers.strategies import build_strategy
 from tests.helpers import InProcessGrid, run_config
 
@@ -105,13 +106,17 @@ def test_server_momentum_through_the_in_process_grid(installed: Path) -> None:
 
 @pytest.mark.flower
 def test_server_momentum_through_flwr_run(
-    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead
 ) -> None:
     # The ServerApp and every ClientApp process find the extension the way an installed
-    # package is found: its dist-info on the path of the processes Flower starts.
+    # package is found: its dist-info on the path of the processes Flower starts (a
+    # SuperLink of its own, started with it; Flower hands the simulation's path on to
+    # the actors it starts on the session's Ray head).
     path = [str(installed), str(EXAMPLE)]
     monkeypatch.setenv("PYTHONPATH", ":".join([*path, *sys.path]))
-    with LocalSimulation(echo=lambda line: None) as simulation:
+    with LocalSimulation(
+        echo=lambda line: None, environment=ray_head.driver_environment()
+    ) as simulation:
         directory = simulation.run(
             {
                 "algorithm": NAME,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 import sys
 import threading
@@ -43,23 +42,19 @@ from tests.helpers import InProcessGrid
 
 
 @pytest.fixture(scope="session")
-def simulation() -> Iterator[LocalSimulation]:
-    """One local simulation SuperLink for the session, its runs on one Ray head that
-    lives as long (``ray_cluster.RayHead``: each run would start and stop a Ray
-    instance, 7 s of a small run's 17); checks nothing of either is left after."""
+def simulation(ray_head: RayHead) -> Iterator[LocalSimulation]:
+    """One local simulation SuperLink for the session, its runs on the session's Ray
+    head (tests/conftest.py); checks nothing of it is left after."""
     lines: list[str] = []
-    cpus = os.cpu_count() or 1
     # One ClientApp actor a run: the tests' runs are small, and a second actor's imports
     # (torch, about 10 s of processor time) competed with the other xdist worker.
-    with (
-        RayHead(cpus=cpus) as head,
-        LocalSimulation(
-            echo=lines.append, cpus_per_client=cpus, environment=head.driver_environment()
-        ) as sim,
-    ):
+    with LocalSimulation(
+        echo=lines.append,
+        cpus_per_client=ray_head.cpus,
+        environment=ray_head.driver_environment(),
+    ) as sim:
         yield sim
     assert processes_with_home(sim.home) == []
-    assert head.pids() == []
 
 
 class InProcessSimulation:
