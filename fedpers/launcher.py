@@ -62,8 +62,7 @@ LOGGER = logging.getLogger(__name__)
 PRELOAD = (
     "numpy",
     "scipy.linalg",
-    "torch",
-    "torch._dynamo",  # imported by the first optimizer a process builds: 4-5 s
+    "torch",  # not torch._dynamo: fedpers.training builds no torch.optim optimizer
     "sklearn.datasets",
     "flwr_datasets",
     "mnist1d",
