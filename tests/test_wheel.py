@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-# On one xdist worker: the module's wheels and venv (12-13 s) were built on both.
-pytestmark = pytest.mark.xdist_group("wheel")
+# On one xdist worker: the module's wheels and venv (12-13 s) were built on both. Not in
+# `make check`: building and installing a package is no inner-loop test.
+pytestmark = [pytest.mark.package, pytest.mark.xdist_group("wheel")]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "server_momentum"
