@@ -309,11 +309,18 @@ class RobustnessSettings:
         "largest weight of one reply (training, responsibilities, evaluation), in "
         "multiples of the lower median of the sizes the nodes registered",
     )
+    update_cap: float = setting(
+        10.0,
+        "largest update norm of one training reply (its shared arrays less those sent, "
+        "as one vector), in multiples of the lower median of the round's; beyond it the "
+        "reply is left out",
+    )
 
     def check(self) -> None:
         within("aggregation-trim", self.aggregation_trim, "[0, 0.5)")
         positive("aggregation-clip", self.aggregation_clip)
         at_least("weight-cap", self.weight_cap, 1)
+        at_least("update-cap", self.update_cap, 1)
 
 
 @dataclass(frozen=True)

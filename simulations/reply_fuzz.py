@@ -13,7 +13,9 @@ ClientApps in this process (``fedpers.simulations.inprocess``). For every reply:
 - its influence is within the stated bounds: its weight at most what it registered and
   at most ``weight-cap`` x the lower median of what all registered (computed here, not
   by ``Federation.weight_bounds``), every adopted value at most ``screening.HUGE`` times
-  the largest value sent (at least 1), its evaluation metrics in their ranges;
+  the largest value sent (at least 1), its update norm at most ``update-cap`` x the
+  lower median of the round's (FedGMM: each component's spread at most its square x
+  the lower median of the spreads), its evaluation metrics in their ranges;
 - what is rejected is recorded with a reason naming the partition.
 
 ``tests/strategies/test_reply_fuzz.py`` runs these properties with a fixed budget and
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +55,7 @@ from hypothesis import strategies as st
 from fedpers import protocol, records
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
+from fedpers.families.mixture import STATS_COUNT, STATS_SECOND
 from fedpers.simulations.inprocess import InProcessGrid, run_config
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
@@ -168,7 +172,20 @@ NUMBERS = st.one_of(
 METRIC_VALUES = st.one_of(NUMBERS, st.lists(st.floats(), max_size=3), st.text(max_size=5))
 KEYS = [protocol.NUM_EXAMPLES, protocol.LOSS, protocol.ACCURACY, "edge.1", "edge.²", "gamma"]
 METRIC_KEYS = st.one_of(st.sampled_from(KEYS * 2), st.text(max_size=20))
-EDITS = ["record", "rename", "kind", "array", "values", "shape", "drop", "metric", "weight"]
+EDITS = [
+    "record",
+    "rename",
+    "kind",
+    "array",
+    "values",
+    "shape",
+    "drop",
+    "scale",
+    "metric",
+    "weight",
+]
+# In-bound scalings: finite, within the value bound, of the right type and shape
+SCALES = st.sampled_from([-1e4, -100.0, -10.0, -3.0, 0.5, 3.0, 10.0, 100.0, 1e4])
 
 
 def _as_float(value: Any) -> float:
@@ -236,7 +253,8 @@ def _record_edit(draw: st.DrawFn, content: RecordDict, edit: str) -> RecordDict:
 
 
 def _array_edit(draw: st.DrawFn, arrays: ArrayRecord, edit: str) -> None:
-    """One array more (any name), refilled (any dtype), reshaped, or dropped."""
+    """One array more (any name), refilled (any dtype), reshaped, scaled (in bound), or
+    dropped."""
     name = draw(st.sampled_from(sorted(arrays)))
     current = arrays[name].numpy()
     if edit == "array":
@@ -247,6 +265,9 @@ def _array_edit(draw: st.DrawFn, arrays: ArrayRecord, edit: str) -> None:
     elif edit == "shape":
         shape = tuple(draw(st.lists(st.integers(0, 5), max_size=3)))
         arrays[name] = Array(np.ascontiguousarray(draw(_values(shape, str(current.dtype)))))
+    elif edit == "scale":
+        if current.dtype.kind == "f":
+            arrays[name] = Array(np.ascontiguousarray(current * current.dtype.type(draw(SCALES))))
     else:
         del arrays[name]
 
@@ -258,7 +279,7 @@ def _edit(draw: st.DrawFn, content: RecordDict) -> RecordDict:
     edit = draw(st.sampled_from(EDITS))
     if edit in ("record", "rename", "kind"):
         return _record_edit(draw, content, edit)
-    if edit in ("array", "values", "shape", "drop") and arrays is not None and len(arrays):
+    if edit in ("array", "values", "shape", "scale", "drop") and arrays is not None and len(arrays):
         _array_edit(draw, arrays, edit)
     elif edit == "metric" and metrics is not None:
         key = draw(METRIC_KEYS)
@@ -357,7 +378,53 @@ def training_violations(fed: Federation, content: RecordDict) -> Found:
         weight = screening.num_examples(reply)
         if weight > bound:
             found.append((BOUND, f"weight {weight:.3g} > {bound:.3g}"))
+    if kept:
+        found += _beyond_update_bounds(fed)
     return found, bool(kept)
+
+
+def _beyond_update_bounds(fed: Federation) -> list[tuple[str, str]]:
+    """The attacker's kept training reply against the update bounds the docs state,
+    computed here (Flower's decoding, ``statistics.median_low``): its update norm at
+    most ``update-cap`` x the lower median of the round's replies of positive weight,
+    and (FedGMM) each component's spread at most ``update-cap`` squared x the lower
+    median of the spreads of the replies holding samples of it."""
+    counted = [r for r in fed.aggregated if screening.num_examples(r) > 0]
+    if len(counted) < 2:
+        return []
+    sent = {name: array.numpy().astype(np.float64) for name, array in fed.initial.items()}
+    partition = fed.strategy.federation.partition
+    returned = {
+        partition(r): {n: a.numpy() for n, a in r.content.array_records[protocol.ARRAYS].items()}
+        for r in counted
+    }
+    cap = fed.run.update_cap
+    found = []
+    norms = {}
+    for p, arrays in returned.items():
+        parts = [
+            (values.astype(np.float64) - sent[name]).ravel()
+            for name, values in arrays.items()
+            if name in sent and values.dtype.kind == "f" and values.shape == sent[name].shape
+        ]
+        norms[p] = float(np.linalg.norm(np.concatenate(parts))) if parts else 0.0
+    typical = statistics.median_low(norms.values())
+    if typical > 0 and norms[ATTACKER] > cap * typical * (1 + 1e-9):
+        found.append((BOUND, f"update norm {norms[ATTACKER]:.3g} > {cap:g} x {typical:.3g}"))
+    if STATS_SECOND not in returned[ATTACKER]:
+        return found
+    for k in range(len(returned[ATTACKER][STATS_COUNT])):
+        spreads = {}
+        for p, arrays in returned.items():
+            count, second = arrays[STATS_COUNT][k], arrays[STATS_SECOND][k]
+            if count > 0:
+                spreads[p] = float(np.trace(second) if second.ndim == 2 else second.sum()) / count
+        if ATTACKER not in spreads or len(spreads) < 2:
+            continue
+        typical = statistics.median_low(spreads.values())
+        if typical > 0 and spreads[ATTACKER] > cap**2 * typical * (1 + 1e-9):
+            found.append((BOUND, f"component {k} spread {spreads[ATTACKER]:.3g}"))
+    return found
 
 
 def evaluation_violations(fed: Federation, content: RecordDict) -> Found:

@@ -437,10 +437,12 @@ class FedpersStrategy(Strategy):
         No reply weighs more than ``Federation.weight_bounds`` allows: what its node
         registered, and ``weight-cap`` times the lower median of all registered sizes.
         A capped reply is scaled as a whole (``scaled_arrays``) and noted. Replies of
-        weight zero are kept but do not count as usable (``min-replies``).
+        weight zero are kept but do not count as usable (``min-replies``). Then no
+        update may be more than ``update-cap`` times the round's typical one
+        (``update_bounded``).
         """
         screened = screening.screen(replies, self.checks(), self.federation.partition)
-        return self.bounded(screened, test=False)
+        return self.update_bounded(self.bounded(screened, test=False))
 
     def screen_evaluate(self, server_round: int, replies: Iterable[Message]) -> screening.Screened:
         """Evaluation replies fit to aggregate, and the others with why: every reply
@@ -465,6 +467,37 @@ class FedpersStrategy(Strategy):
             self.scale_arrays(reply, held / claimed)
             notes.append((partition, f"num-examples {claimed!r} capped at {_count(held)}"))
         return screening.Screened(screened.kept, screened.rejected, notes)
+
+    def update_bounded(self, screened: screening.Screened) -> screening.Screened:
+        """``screened`` less the replies whose update is far larger than the round's:
+        each kept reply of positive weight has an update norm (``screening.update_norm``:
+        its shared arrays less those sent, as one vector); a norm beyond ``update-cap``
+        times the lower median of them all is left out, with the reason. The lower
+        median moves at most one rank for one reply, so no one reply sets the bound.
+        """
+        counted = [r for r in screened.kept if screening.num_examples(r) > 0]
+        if not self.current_shared or len(counted) < 2:
+            return screened
+        norms = [
+            screening.update_norm(screening.arrays_of(reply), self.current_shared)
+            for reply in counted
+        ]
+        bound, beyond = screening.norm_outliers(norms, self.run.update_cap)
+        if not beyond:
+            return screened
+        typical = bound / self.run.update_cap
+        left_out = {id(counted[i]) for i in beyond}
+        rejected = list(screened.rejected)
+        for i in beyond:
+            rejected.append(
+                (
+                    self.federation.partition(counted[i]),
+                    f"update norm {norms[i]:.3g} beyond update-cap {self.run.update_cap:g} "
+                    f"x the round's lower-median update norm {typical:.3g}",
+                )
+            )
+        kept = [r for r in screened.kept if id(r) not in left_out]
+        return screening.Screened(kept, rejected, list(screened.notes))
 
     def scaled_arrays(self) -> tuple[str, ...]:
         """Arrays of a training reply that are sums over its samples (FedEM's

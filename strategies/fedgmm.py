@@ -121,6 +121,48 @@ class FedGMM(FedEM):
                 )
         return None
 
+    def update_bounded(self, screened: screening.Screened) -> screening.Screened:
+        """FedEM's bound on the learners' updates, then the same on the statistics: per
+        component, a reply's spread (the mean squared distance of its samples to the
+        component's mean, ``trace(second) / count``) may be at most ``update-cap``
+        squared times the lower median of the spreads of the round's replies that
+        hold samples of it. The spread bounds the offset of the reply's mean too (its
+        square is at most the spread), so one client's statistics move a component by
+        at most its share of ``update-cap`` typical distances. A reply beyond it is left
+        out, with the reason."""
+        screened = super().update_bounded(screened)
+        counted = [r for r in screened.kept if screening.num_examples(r) > 0]
+        if len(counted) < 2:
+            return screened
+        full = self.covariance == GmmCovariance.FULL
+        spreads = []
+        for reply in counted:
+            arrays = screening.arrays_of(reply)
+            count = arrays[mixture_family.STATS_COUNT]
+            second = arrays[mixture_family.STATS_SECOND]
+            scatter = np.trace(second, axis1=-2, axis2=-1) if full else second.sum(axis=-1)
+            spreads.append(np.where(count > 0, scatter / np.where(count > 0, count, 1.0), np.nan))
+        table = np.stack(spreads)  # (replies, components); nan where a reply has none
+        cap = self.run.update_cap**2
+        reasons: dict[int, str] = {}
+        for k in range(table.shape[1]):
+            held = [i for i in range(len(counted)) if not np.isnan(table[i, k])]
+            bound, beyond = screening.norm_outliers([float(table[i, k]) for i in held], cap)
+            for j in beyond:
+                reasons.setdefault(
+                    held[j],
+                    f"statistics of component {k} spread {table[held[j], k]:.3g}, beyond "
+                    f"update-cap {self.run.update_cap:g} squared x the round's lower median "
+                    f"{bound / cap:.3g}",
+                )
+        if not reasons:
+            return screened
+        left_out = {id(counted[i]) for i in reasons}
+        rejected = list(screened.rejected)
+        rejected += [(self.federation.partition(counted[i]), r) for i, r in sorted(reasons.items())]
+        kept = [r for r in screened.kept if id(r) not in left_out]
+        return screening.Screened(kept, rejected, list(screened.notes))
+
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """FedEM's, and every covariance positive definite."""
         reason = super().state_defect(new, previous)

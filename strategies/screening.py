@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -232,6 +232,41 @@ def magnitude_defect(
         if largest > bound:
             return f"array '{name}' holds {largest:.3g}, beyond {factor:g} x what was sent"
     return None
+
+
+def update_norm(returned: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray]) -> float:
+    """The norm of ``returned - sent`` over the floating-point arrays both hold, all of
+    them as one vector (in float64)."""
+    total = 0.0
+    for name, values in returned.items():
+        base = sent.get(name)
+        if base is None or values.dtype.kind != "f" or values.shape != base.shape:
+            continue
+        difference = values.astype(np.float64) - base
+        total += float(np.sum(difference * difference))
+    return math.sqrt(total)
+
+
+def lower_median(values: Iterable[float]) -> float:
+    """The ``(n+1)//2``-th smallest of ``values``: with one value changed, it moves at
+    most one rank, so a minority cannot set it. Raises ValueError when empty."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("the lower median of no values")
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def norm_outliers(norms: Sequence[float], cap: float) -> tuple[float, list[int]]:
+    """``cap`` times the lower median of ``norms``, and the indices of the norms beyond
+    it. With fewer than two norms, or a lower median of zero (most replies returned what
+    was sent), there is no scale to compare with: the bound is infinite."""
+    if len(norms) < 2:
+        return math.inf, []
+    typical = lower_median(norms)
+    if not typical > 0:
+        return math.inf, []
+    bound = cap * typical
+    return bound, [index for index, norm in enumerate(norms) if not norm <= bound]
 
 
 def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:

@@ -6,7 +6,9 @@ a crash of the round loop, or an influence beyond the bound the docs state
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +81,8 @@ def _run(
     strategy.federation.connect(grid, timeout=5)
     initial = strategy.initial_arrays(grid, timeout=5)
     records: list[RoundRecord] = []
-    strategy.start(grid, initial, num_rounds=rounds, on_round=records.append)
+    result = strategy.start(grid, initial, num_rounds=rounds, on_round=records.append)
+    strategy.adopted = {n: a.numpy() for n, a in result.arrays.items()}  # type: ignore[attr-defined]
     return strategy, records, aggregated
 
 
@@ -402,3 +405,63 @@ def test_one_huge_matrix_does_not_widen_the_psd_tolerance_of_another() -> None:
     # Before: the tolerance 1e-6 x 1e12 x 3 of the huge one let -1 pass
     reason = screening.symmetric_psd_defect("second moments", np.stack([huge, negative]))
     assert reason == "'second moments' [1] is not positive semi-definite (eigenvalue -1)"
+
+
+# ------------------------------------------------------- bounded update norms
+def _amplified(factor: float) -> Tamper:
+    """The shared arrays sent back as what was sent plus ``factor`` times the update."""
+
+    def tamper(request: Message, reply: Message) -> Message:
+        sent = request.content.array_records[protocol.ARRAYS]
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        for name in list(arrays.keys()):
+            if name not in sent:
+                continue
+            before, after = sent[name].numpy(), arrays[name].numpy()
+            arrays[name] = Array(np.ascontiguousarray(before + factor * (after - before)))
+        return reply
+
+    return tamper
+
+
+def test_an_update_far_beyond_the_rounds_typical_one_is_left_out() -> None:
+    # 1e4 times its own update: finite, of the right shapes, below the value bound
+    # (1e6 x what was sent), so adopted before, moving FedAvg by 1e4 x its share
+    strategy, records, aggregated = _run({MessageType.TRAIN: _amplified(1e4)})
+    (record,) = records
+    (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+    assert re.search(r"update norm \S+ beyond update-cap 10 x the round's lower-median", reason)
+    assert record.replies == NODES - 1
+    assert ATTACKER not in {strategy.federation.partition(r) for r in aggregated[0]}
+
+
+def test_an_update_within_the_cap_is_kept_and_moves_the_mean_by_its_share_only() -> None:
+    honest, _, _ = _run({})
+    strategy, records, aggregated = _run({MessageType.TRAIN: _amplified(-3.0)})
+    (record,) = records
+    assert record.replies == NODES  # a sign flip x3 is within 10 typical updates
+    replies = {strategy.federation.partition(r): r for r in aggregated[0]}
+    sent = strategy.current_shared
+    norms = {p: screening.update_norm(screening.arrays_of(r), sent) for p, r in replies.items()}
+    typical = statistics.median_low(norms.values())
+    assert norms[ATTACKER] <= CAP * typical
+    # its pull on the adopted state: its weight share times its update, at most
+    weights = {p: screening.num_examples(r) for p, r in replies.items()}
+    share = weights[ATTACKER] / sum(weights.values())
+    adopted, clean = strategy.adopted, honest.adopted  # type: ignore[attr-defined]
+    moved = math.sqrt(sum(float(np.sum((adopted[n] - clean[n]) ** 2)) for n in sent))
+    assert moved <= share * (norms[ATTACKER] + CAP * typical) + 1e-9
+
+
+def test_fedgmm_statistics_spread_far_beyond_the_rounds_are_left_out() -> None:
+    def wide(values: dict[str, np.ndarray]) -> None:
+        # Every sample 100 x farther from the components: second moments x 1e4, below
+        # the absolute bound of 1e6 x each component's variance, adopted before
+        values[mixture_family.STATS_SECOND] *= 1e4
+        values[mixture_family.STATS_FIRST] *= 100
+
+    _, records, _ = _run({MessageType.TRAIN: _statistics(wide)}, **MIXTURE)
+    (record,) = records
+    (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+    assert "beyond update-cap 10 squared x the round's lower median" in reason, reason
+    assert record.replies == NODES - 1

@@ -1,7 +1,7 @@
 """No client can crash a run or corrupt the global state: every malformed reply and
 every attack of ``fault-injection``, one per round, through the real ClientApp in
 process. Each round's faulty reply must be left out with its reason (or, for the
-attacks a mean cannot tell from training, accepted), the run must finish, and every
+attacks within the bounds, accepted or capped), the run must finish, and every
 adopted global state must have the model's names and shapes, finite values and (FedGMM)
 positive definite covariances."""
 
@@ -98,10 +98,20 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
     spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
     _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
     flip, noise, inflate, zero, negative = records
-    # A sign flip x100 is an update a mean cannot tell from training (far below the 1e6
-    # magnitude guard): accepted; the robust aggregations are what bound it.
-    assert (flip.replies, flip.rejections) == (4, [])
-    assert noise.replies == 4
+    # A sign flip x100 is far below the 1e6 magnitude guard, which accepted it; it is
+    # 100 typical updates, and the update bound (update-cap 10) leaves it out.
+    assert flip.replies == 3
+    (reason,) = flip.rejections
+    assert f"partition {FAULTY}: update norm" in reason, reason
+    assert "beyond update-cap 10 x the round's lower-median update norm" in reason
+    # Noise of 0.1 on every parameter: within 10 typical updates of FedGMM's learners
+    # here, accepted; beyond them for FedRep's body (it moves less a round), left out
+    if family == "fedgmm":
+        assert (noise.replies, noise.rejections) == (4, [])
+    else:
+        assert noise.replies == 3
+        (reason,) = noise.rejections
+        assert f"partition {FAULTY}: update norm" in reason, reason
     if family == "fedgmm":  # the responsibilities sum to the true size: a lie shows
         assert any("responsibilities sum to" in r for r in inflate.rejections)
     else:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import numpy as np
+import pytest
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -12,6 +16,8 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fedpers import protocol
 from fedpers.strategies import screening
@@ -160,3 +166,63 @@ def test_screen_keeps_the_good_and_names_the_first_reason_of_the_bad() -> None:
         (20, "client error: boom"),
         (30, "non-finite values in array 'arrays/w'"),
     ]
+
+
+# ------------------------------------------------------------ update norms
+_FINITE = st.floats(-1e6, 1e6, allow_nan=False)
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=4),
+    st.integers(0, 2**32 - 1),
+)
+def test_update_norm_is_the_norm_of_the_concatenated_differences(
+    shapes: list[tuple[int, int]], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    sent = {f"a{i}": rng.normal(size=s) for i, s in enumerate(shapes)}
+    returned = {n: (v + rng.normal(size=v.shape)).astype(np.float32) for n, v in sent.items()}
+    returned["not-sent"] = np.ones(3, dtype=np.float32)  # no counterpart: not counted
+    returned["counts"] = np.ones(2, dtype=np.int64)
+    sent["counts"] = np.zeros(2, dtype=np.int64)  # not floating point: not counted
+    oracle = np.linalg.norm(
+        np.concatenate(
+            [returned[n].astype(np.float64).ravel() - sent[n].ravel() for n in sent if n[0] == "a"]
+        )
+    )
+    assert screening.update_norm(returned, sent) == pytest.approx(oracle, rel=1e-12)
+
+
+@given(st.lists(_FINITE, min_size=1, max_size=40))
+def test_lower_median_is_statistics_median_low(values: list[float]) -> None:
+    assert screening.lower_median(values) == statistics.median_low(values)
+
+
+@given(
+    st.lists(st.floats(0, 1e6, allow_nan=False), min_size=0, max_size=30),
+    st.floats(1, 100),
+)
+def test_norm_outliers_are_exactly_the_norms_beyond_cap_times_the_lower_median(
+    norms: list[float], cap: float
+) -> None:
+    bound, beyond = screening.norm_outliers(norms, cap)
+    if len(norms) < 2 or statistics.median_low(norms) == 0:
+        assert (bound, beyond) == (math.inf, [])
+        return
+    assert bound == cap * statistics.median_low(norms)
+    assert beyond == [i for i, n in enumerate(norms) if n > bound]
+    # fewer than half can be beyond it: the lower median and those below it never are
+    assert len(beyond) < (len(norms) + 1) / 2
+
+
+@given(st.lists(st.floats(0.1, 10), min_size=3, max_size=30), st.floats(0, 1e12))
+def test_one_changed_norm_cannot_raise_the_bound_beyond_the_others_largest(
+    honest: list[float], attacker: float
+) -> None:
+    # Whatever one reply claims, the lower median stays within the honest norms, so the
+    # bound is at most cap times the largest honest norm and the attacker's own norm is
+    # judged against it.
+    cap = 10.0
+    bound, beyond = screening.norm_outliers([*honest, attacker], cap)
+    assert cap * min(honest) <= bound <= cap * max(honest)
+    assert (len(honest) in beyond) == (attacker > bound)
