@@ -310,7 +310,7 @@ class RobustnessSettings:
         "multiples of the lower median of the sizes the nodes registered",
     )
     update_cap: float = setting(
-        10.0,
+        100.0,
         "largest update norm of one training reply (its shared arrays less those sent, "
         "as one vector), in multiples of the lower median of the round's; beyond it the "
         "reply is left out",

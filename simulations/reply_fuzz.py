@@ -390,10 +390,10 @@ def _beyond_update_bounds(fed: Federation) -> list[tuple[str, str]]:
     and (FedGMM) each component's spread at most ``update-cap`` squared x the lower
     median of the spreads of the replies holding samples of it."""
     counted = [r for r in fed.aggregated if screening.num_examples(r) > 0]
-    if len(counted) < 2:
-        return []
-    sent = {name: array.numpy().astype(np.float64) for name, array in fed.initial.items()}
     partition = fed.strategy.federation.partition
+    if len(counted) < 2 or ATTACKER not in {partition(r) for r in counted}:
+        return []  # a reply of weight zero is kept but not aggregated
+    sent = {name: array.numpy().astype(np.float64) for name, array in fed.initial.items()}
     returned = {
         partition(r): {n: a.numpy() for n, a in r.content.array_records[protocol.ARRAYS].items()}
         for r in counted

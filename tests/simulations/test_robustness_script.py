@@ -25,8 +25,8 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     assert fuzz["families"] == ["fedavg", "fedgmm", "fedrep", "sheaf-frl"]
     assert fuzz["runs_crashed"] == 0
     assert fuzz["corrupt_states_adopted"] == 0
-    # Every malformed reply was left out with a reason, and the sign flip x100 by the
-    # update bound; the other attacks were accepted or capped
+    # Every malformed reply was left out with a reason; the other attacks were accepted,
+    # capped, or (the sign flip x100) left out by the update bound
     assert fuzz["malformed_not_rejected"] == []
     assert fuzz["unexpectedly_rejected"] == []
     expected = [c for c in cases if c["expect"] == "rejected"]
@@ -35,7 +35,7 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     assert all(c["reason"] for c in expected)
     flips = [c for c in cases if c["kind"].startswith("sign-flip")]
     assert flips
-    assert all(c["reason"].startswith("update norm") for c in flips)
+    assert all(c["reason"].startswith("update norm") for c in flips if c["rejected"])
     assert all("capped at" in c["reason"] for c in cases if c["expect"] == "capped")
     # The reply sweep: 10 generated replies per family and phase, none breaking a
     # property; the run's flwr runs after it still finished (runs_crashed above)

@@ -98,20 +98,16 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
     spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
     _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
     flip, noise, inflate, zero, negative = records
-    # A sign flip x100 is far below the 1e6 magnitude guard, which accepted it; it is
-    # 100 typical updates, and the update bound (update-cap 10) leaves it out.
-    assert flip.replies == 3
-    (reason,) = flip.rejections
-    assert f"partition {FAULTY}: update norm" in reason, reason
-    assert "beyond update-cap 10 x the round's lower-median update norm" in reason
-    # Noise of 0.1 on every parameter: within 10 typical updates of FedGMM's learners
-    # here, accepted; beyond them for FedRep's body (it moves less a round), left out
-    if family == "fedgmm":
-        assert (noise.replies, noise.rejections) == (4, [])
-    else:
-        assert noise.replies == 3
-        (reason,) = noise.rejections
-        assert f"partition {FAULTY}: update norm" in reason, reason
+    # A sign flip x100 and noise of 0.1 on every parameter are far below the 1e6
+    # magnitude guard, which accepted them. Against the others' updates they are about
+    # 100 and 10-1,000 typical ones: kept, or left out by the update bound (update-cap
+    # 100), never anything else.
+    for record in (flip, noise):
+        reasons = [r.split(": ", 1)[1] for r in record.rejections]
+        assert record.replies == 4 - len(reasons)
+        assert all(
+            r.startswith("update norm") and "beyond update-cap 100 x" in r for r in reasons
+        ), reasons
     if family == "fedgmm":  # the responsibilities sum to the true size: a lie shows
         assert any("responsibilities sum to" in r for r in inflate.rejections)
     else:
