@@ -394,8 +394,13 @@ def _beyond_update_bounds(fed: Federation) -> list[tuple[str, str]]:
     if len(counted) < 2 or ATTACKER not in {partition(r) for r in counted}:
         return []  # a reply of weight zero is kept but not aggregated
     sent = {name: array.numpy().astype(np.float64) for name, array in fed.initial.items()}
+    if not sent:
+        return []  # Sheaf-FRL: nothing shared, its relayed pilots are bounded absolutely
     returned = {
-        partition(r): {n: a.numpy() for n, a in r.content.array_records[protocol.ARRAYS].items()}
+        partition(r): {
+            n: a.numpy()
+            for n, a in r.content.array_records.get(protocol.ARRAYS, ArrayRecord()).items()
+        }
         for r in counted
     }
     cap = fed.run.update_cap
