@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedpers import privacy
 from fedpers.atomic import write_text
 from fedpers.config import RunConfig, load_run_config
 from fedpers.logs import strip_ansi
@@ -418,7 +419,13 @@ class LocalSimulation:
 
 
 def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:
-    """Validated run config with an absolute results-dir and a run-name."""
+    """Validated run config with an absolute results-dir and a run-name.
+
+    Its private mechanism is built here too (``privacy.run_mechanism``): a
+    ``dp-target-epsilon`` that no noise multiplier reaches is refused before Flower or
+    Ray start, not at the ServerApp's start (the calibration is a function of the
+    configuration alone: its clients, fraction, sampling and rounds).
+    """
     values = dict(overrides)
     values["results-dir"] = str(Path(values.get("results-dir", "results")).expanduser().resolve())
     config = load_run_config(values)
@@ -432,6 +439,7 @@ def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:
                 "data-root": str(Path(config.data_root).resolve()),
             }
         )
+    privacy.run_mechanism(config)
     return config
 
 

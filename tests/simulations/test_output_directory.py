@@ -56,3 +56,24 @@ def test_a_data_root_that_is_a_file_is_refused_before_any_run(tmp_path: Path) ->
     message = str(error.value.code)
     assert "'data-root'" in message
     assert "not a directory" in message
+
+
+def test_an_unreachable_target_epsilon_is_refused_before_any_run(tmp_path: Path) -> None:
+    # 1,000 rounds of every client spend 0.019 even at noise multiplier 1000 (delta
+    # 1/100^1.1): 0.01 cannot be reached. It was refused only when the ServerApp
+    # started, after Flower and Ray.
+    run = {
+        "dp": "central",
+        "dp-clip": 1.0,
+        "dp-target-epsilon": 0.01,
+        "fraction-train": 1.0,
+        "num-rounds": 1000,
+        "results-dir": str(tmp_path),
+        "run-name": "r",
+    }
+    with pytest.raises(SystemExit) as error:
+        validate_runs([run])
+
+    message = str(error.value.code)
+    assert "'dp-target-epsilon' = 0.01: no noise multiplier up to 1000" in message
+    assert not (tmp_path / "r").exists()
