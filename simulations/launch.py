@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -226,14 +227,34 @@ class LocalSimulation:
         self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
         self.port = 0
         self._log: TextIO | None = None
+        self._previous_sigterm: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> LocalSimulation:
+        self._stop_on_sigterm()
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _stop_on_sigterm(self) -> None:
+        """In the main thread, make SIGTERM stop this simulation before the process
+        exits (status 143): a script killed by ``kill`` or a job scheduler left its
+        SuperLink, SuperExec, simulation and Ray processes running, orphaned. The
+        handler stops them by PID first, since the script's threads still wait on their
+        runs; ``__exit__`` restores the previous handler."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop_then_exit(signum: int, frame: object) -> None:
+            self.stop(grace=5.0)
+            raise SystemExit(128 + signum)
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, stop_then_exit)
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until its HTTP API answers."""

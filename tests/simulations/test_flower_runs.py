@@ -6,6 +6,10 @@ sends its first run through `flwr run` too, and the scale benchmark's quick form
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,3 +26,30 @@ def test_a_stopped_simulation_leaves_no_process(tmp_path: Path) -> None:
         assert processes_with_home(sim.home) != []
     assert processes_with_home(sim.home) == []
     assert superlink.poll() is not None
+
+
+def test_a_script_killed_by_sigterm_stops_its_simulation_first(tmp_path: Path) -> None:
+    # Before: SIGTERM ended the script and left its SuperLink (and, mid-run, its
+    # simulation and Ray processes) running, orphaned.
+    script = (
+        "import sys, time\n"
+        "from fedpers.simulations.launch import LocalSimulation\n"
+        "with LocalSimulation(echo=lambda line: None) as sim:\n"
+        "    print(sim.process.pid, sim.home, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert child.stdout is not None
+        pid, home = child.stdout.readline().split()
+        assert processes_with_home(Path(home)) != []
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert processes_with_home(Path(home)) == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)
