@@ -93,9 +93,10 @@ def test_the_sweep_counts_a_broken_bound_instead_of_stopping(
     """The sweep's counters can fail: with the server's weight cap lifted, an inflated
     weight is kept above the bound computed here, and the sweep counts it and goes on."""
     fed = federation("fedavg")
-    monkeypatch.setattr(fed, "bound", lambda *, test: 0.5)  # no honest weight is under it
+    monkeypatch.setattr(fed, "bound", lambda *, test: 0.5)  # no positive weight is under it
     count = reply_fuzz.sweep_phase(fed, "fedavg", MessageType.TRAIN, examples=60, seed=0)
     assert count.replies == 60
     assert count.exceptions == 0
-    assert count.violations[reply_fuzz.BOUND] == count.kept > 0
+    # every kept reply of positive weight breaks it (a kept reply may weigh 0)
+    assert 0 < count.violations[reply_fuzz.BOUND] <= count.kept
     assert all(e.startswith(reply_fuzz.BOUND) for e in count.examples)
