@@ -486,17 +486,21 @@ class FedpersStrategy(Strategy):
         if not beyond:
             return screened
         typical = bound / self.run.update_cap
-        left_out = {id(counted[i]) for i in beyond}
-        rejected = list(screened.rejected)
-        for i in beyond:
-            rejected.append(
-                (
-                    self.federation.partition(counted[i]),
-                    f"update norm {norms[i]:.3g} beyond update-cap {self.run.update_cap:g} "
-                    f"x the round's lower-median update norm {typical:.3g}",
-                )
-            )
-        kept = [r for r in screened.kept if id(r) not in left_out]
+        reasons = {
+            counted[i]: f"update norm {norms[i]:.3g} beyond update-cap {self.run.update_cap:g} "
+            f"x the round's lower-median update norm {typical:.3g}"
+            for i in beyond
+        }
+        return self.left_out(screened, reasons)
+
+    def left_out(
+        self, screened: screening.Screened, reasons: dict[Message, str]
+    ) -> screening.Screened:
+        """``screened`` with the kept replies of ``reasons`` moved to its rejected ones,
+        each with its reason, in the order given."""
+        rejected = [*screened.rejected]
+        rejected += [(self.federation.partition(r), reason) for r, reason in reasons.items()]
+        kept = [r for r in screened.kept if r not in reasons]
         return screening.Screened(kept, rejected, list(screened.notes))
 
     def scaled_arrays(self) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from fedpers import protocol
 from fedpers.logs import one_line
+from fedpers.strategies import screening
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class Federation:
         sizes = self.test_sizes if test else self.train_sizes
         if not sizes:
             return dict.fromkeys(partitions, math.inf)
-        typical = max(1.0, float(sorted(sizes.values())[(len(sizes) - 1) // 2]))
+        typical = max(1.0, float(screening.lower_median(sizes.values())))
         cap = self.weight_cap * typical
         return {p: min(sizes.get(p, math.inf), cap) for p in partitions}
 

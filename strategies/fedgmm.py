@@ -157,11 +157,7 @@ class FedGMM(FedEM):
                 )
         if not reasons:
             return screened
-        left_out = {id(counted[i]) for i in reasons}
-        rejected = list(screened.rejected)
-        rejected += [(self.federation.partition(counted[i]), r) for i, r in sorted(reasons.items())]
-        kept = [r for r in screened.kept if id(r) not in left_out]
-        return screening.Screened(kept, rejected, list(screened.notes))
+        return self.left_out(screened, {counted[i]: r for i, r in sorted(reasons.items())})
 
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """FedEM's, and every covariance positive definite."""

@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
-from fedpers import families, protocol, records
+from fedpers import families, privacy, protocol, records
 from fedpers.logs import one_line
 
 ArraySpec = tuple[tuple[int, ...], str]  # (shape, dtype) of an array the server expects
@@ -236,15 +236,13 @@ def magnitude_defect(
 
 def update_norm(returned: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray]) -> float:
     """The norm of ``returned - sent`` over the floating-point arrays both hold, all of
-    them as one vector (in float64)."""
-    total = 0.0
-    for name, values in returned.items():
-        base = sent.get(name)
-        if base is None or values.dtype.kind != "f" or values.shape != base.shape:
-            continue
-        difference = values.astype(np.float64) - base
-        total += float(np.sum(difference * difference))
-    return math.sqrt(total)
+    them as one vector (``privacy.update_norm`` of those, in float64)."""
+    shared = {
+        name: values
+        for name, values in returned.items()
+        if name in sent and values.dtype.kind == "f" and values.shape == sent[name].shape
+    }
+    return privacy.update_norm(shared, sent)
 
 
 def lower_median(values: Iterable[float]) -> float:
