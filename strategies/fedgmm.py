@@ -108,9 +108,7 @@ class FedGMM(FedEM):
         since its square is at most that mean squared distance.
         """
         sent = self.current[mixture_family.GMM_COVARIANCES].numpy()
-        full = self.covariance == GmmCovariance.FULL
-        variance = np.trace(sent, axis1=-2, axis2=-1) if full else sent.sum(axis=-1)
-        scatter = np.trace(second, axis1=-2, axis2=-1) if full else second.sum(axis=-1)
+        variance, scatter = self.traces(sent), self.traces(second)
         for k in np.flatnonzero(count > 0):
             spread = float(scatter[k] / count[k])
             bound = screening.HUGE * max(float(variance[k]), 1e-12)
@@ -120,6 +118,13 @@ class FedGMM(FedEM):
                     f"distance), beyond {screening.HUGE:g} x its variance {variance[k]:.3g}"
                 )
         return None
+
+    def traces(self, matrices: np.ndarray) -> np.ndarray:
+        """Per component, the trace of a (K, d, d) stack of full matrices, or the sum of
+        a (K, d) stack of diagonals."""
+        if self.covariance == GmmCovariance.FULL:
+            return np.trace(matrices, axis1=-2, axis2=-1)
+        return matrices.sum(axis=-1)
 
     def update_bounded(self, screened: screening.Screened) -> screening.Screened:
         """FedEM's bound on the learners' updates, then the same on the statistics: per
@@ -134,13 +139,12 @@ class FedGMM(FedEM):
         counted = [r for r in screened.kept if screening.num_examples(r) > 0]
         if len(counted) < 2:
             return screened
-        full = self.covariance == GmmCovariance.FULL
         spreads = []
         for reply in counted:
             arrays = screening.arrays_of(reply)
             count = arrays[mixture_family.STATS_COUNT]
             second = arrays[mixture_family.STATS_SECOND]
-            scatter = np.trace(second, axis1=-2, axis2=-1) if full else second.sum(axis=-1)
+            scatter = self.traces(second)
             spreads.append(np.where(count > 0, scatter / np.where(count > 0, count, 1.0), np.nan))
         table = np.stack(spreads)  # (replies, components); nan where a reply has none
         cap = self.run.update_cap**2
