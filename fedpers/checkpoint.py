@@ -45,9 +45,10 @@ RESERVED = (ROUND_KEY, TOKEN_KEY, CONFIGURATION_KEY, TRAINED_KEY, DIGEST_KEY)
 # (config.json is compared on its own, on every key but `resume`): whether it resumes,
 # where it writes (`results-dir`, `run-name`, `tensorboard`), where the clients keep
 # their snapshots (`client-state-dir`: what is there is checked node by node), and how
-# long the start waits for the nodes (`node-wait-timeout`: a node that is late fails the
-# start, it changes no number). `round-timeout` counts: it decides which replies a round
-# uses. So do `device` and `client-threads`: the floats can differ between them.
+# long the start waits for the nodes (`node-wait-timeout`: a resume takes its state from
+# the checkpoint, not from the start-up answers a longer wait could let in).
+# `round-timeout` counts: it decides which replies a round uses. So do `device` and
+# `client-threads`: the floats can differ between them.
 NOT_COMPUTED = frozenset(
     {"resume", "results-dir", "run-name", "tensorboard", "client-state-dir", "node-wait-timeout"}
 )

@@ -209,7 +209,11 @@ class RoundSettings:
         "0: only after the last round",
     )
     round_timeout: float = setting(600.0, "seconds to wait for a round's replies")
-    node_wait_timeout: float = setting(120.0, "seconds to wait for all nodes to register")
+    node_wait_timeout: float = setting(
+        120.0,
+        "seconds to wait for all nodes to register, and (at least `round-timeout`) for "
+        "their answers to the start-up queries",
+    )
 
     def check(self) -> None:
         at_least("num-rounds", self.num_rounds, 1)
@@ -222,6 +226,14 @@ class RoundSettings:
             )
         positive("round-timeout", self.round_timeout)
         positive("node-wait-timeout", self.node_wait_timeout)
+
+    @property
+    def startup_timeout(self) -> float:
+        """Seconds to wait for the answers to a start-up query. A node's first message
+        also starts its ClientApp (Ray starts the actor, torch is imported, the data is
+        built), which on a loaded machine takes longer than a short round: a run with a
+        10 s `round-timeout` on two busy cores lost every node at `query.initial`."""
+        return max(self.round_timeout, self.node_wait_timeout)
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def _run(
     if checkpoint is not None:
         initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
     else:
-        initial = strategy.initial_arrays(grid, timeout=config.round_timeout)
+        initial = strategy.initial_arrays(grid, timeout=config.startup_timeout)
         if evaluate_fn is not None:
             write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
     checkpoints = CheckpointWriter(
@@ -194,14 +194,14 @@ def _resumed_start(
     """The checkpoint's arrays, once they fit the model and every node that keeps state
     restored the state the checkpoint saw (``strategies.resume``); else an error."""
     initial = ArrayRecord({k: Array(v) for k, v in checkpoint.arrays.items()})
-    expected = strategy.initial_arrays(grid, timeout=config.round_timeout)
+    expected = strategy.initial_arrays(grid, timeout=config.startup_timeout)
     if reason := strategy.state_defect(initial, expected):
         raise CheckpointError(
             f"{where} does not fit this run ({reason}); "
             "resume it with the configuration that wrote it, or start afresh"
         )
     if config.spec.keeps_state:
-        restore_devices(strategy, grid, checkpoint, where=where, timeout=config.round_timeout)
+        restore_devices(strategy, grid, checkpoint, where=where, timeout=config.startup_timeout)
     return initial
 
 

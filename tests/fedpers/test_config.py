@@ -150,3 +150,19 @@ def test_a_registered_algorithm_is_accepted(monkeypatch: pytest.MonkeyPatch) -> 
     assert config.spec.name == "my-fedper"
     with pytest.raises(ConfigError, match="'my-fedper' has no linear variant"):
         load_run_config({"algorithm": "my-fedper", "dataset": "linear"})
+
+
+@pytest.mark.parametrize(
+    ("round_timeout", "node_wait_timeout", "startup"),
+    [(10.0, 120.0, 120.0), (600.0, 120.0, 600.0), (30.0, 30.0, 30.0)],
+)
+def test_a_start_up_query_waits_the_longer_of_the_two_timeouts(
+    round_timeout: float, node_wait_timeout: float, startup: float
+) -> None:
+    # A node's first message also starts its ClientApp: a 10 s round-timeout on two busy
+    # cores lost every node at query.initial (CI, stop 30), so start-up waits as long as
+    # registration may.
+    config = load_run_config(
+        {"round-timeout": round_timeout, "node-wait-timeout": node_wait_timeout}
+    )
+    assert config.startup_timeout == startup
