@@ -7,11 +7,12 @@ receives the parts of the model its algorithm shares (the algorithm table's
 update (``phases``: which parts train, for how many epochs, in what order) through
 ``fedpers.training``, stores the personal parts again and returns the shared ones.
 FedRep, FedPer, FedAvg(+FT), LG-FedAvg, Local and FedBABU are this class with
-different rows.
+different rows; FedProx(+FT) adds its proximal term (``penalty``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
@@ -34,6 +35,8 @@ from fedpers.training import (
 )
 
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
+# A term added to a local step's loss, called with the step's generator (``train``).
+Penalty = Callable[[torch.Generator], torch.Tensor]
 
 
 class TorchClient(ClientBase):
@@ -119,6 +122,11 @@ class PersonalizedClient(TorchClient):
         row's ``phases``, with the epochs the server sent)."""
         return [(phase.parts, config_int(config, phase.epochs)) for phase in self.spec.phases]
 
+    def penalty(self, arrays: Arrays) -> Penalty | None:
+        """A term added to the loss of every step of the local update, given the
+        server's shared arrays of this round (FedProx's proximal term); none here."""
+        return None
+
     # ------------------------------------------------------------------ messages
     def initial_arrays(self) -> Arrays:
         """The seeded initial values of the shared parts (the server's round-0 model)."""
@@ -131,6 +139,7 @@ class PersonalizedClient(TorchClient):
         generator = self.generator("train", server_round)
         x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
         settings = self.sgd_settings(config)
+        penalty = self.penalty(arrays)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
             stats = train(
@@ -142,6 +151,7 @@ class PersonalizedClient(TorchClient):
                 settings=settings,
                 generator=generator,
                 augment=self.augment,
+                penalty=penalty,
             )
             loss = stats.loss if stats.steps else loss
         if self.personal:

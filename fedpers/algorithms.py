@@ -32,7 +32,7 @@ from typing import Any
 
 from fedpers import families
 from fedpers.families.linear import NAME as LINEAR_FAMILY
-from fedpers.families.personalized import DittoSettings
+from fedpers.families.personalized import DittoSettings, FedProxSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -172,6 +172,7 @@ _LINEAR_FEDREP = LinearVariant(
     "fedpers.strategies.fedrep:FedRepLinear", "fedpers.clients.linear:LinearFedRepClient"
 )
 _SHEAF_CLIENT = "fedpers.clients.sheaf:SheafClient"
+_FEDPROX_CLIENT = "fedpers.clients.fedprox:FedProxClient"
 _MIXTURE = "Marfoq et al., NeurIPS 2021"
 
 _BUILT_IN = (
@@ -202,6 +203,24 @@ _BUILT_IN = (
         shared=MODEL_PARTS,
         final_test=FinalTest.FINETUNE,
         paper="FedAvg, then head fine-tuning (FedRep's Table 1)",
+    ),
+    AlgorithmSpec(
+        name="fedprox",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client=_FEDPROX_CLIENT,
+        settings=(FedProxSettings,),
+        unseen=True,
+        paper="Li et al., MLSys 2020",
+    ),
+    AlgorithmSpec(
+        name="fedprox-ft",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client=_FEDPROX_CLIENT,
+        settings=(FedProxSettings,),
+        final_test=FinalTest.FINETUNE,
+        paper="FedProx, then head fine-tuning (FedRep's Table 1)",
     ),
     AlgorithmSpec(
         name="lg-fedavg",

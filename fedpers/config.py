@@ -388,8 +388,12 @@ GROUPS: dict[str, type] = {
 
 
 def group_heading(group: type) -> str:
-    """The heading of a family's or a row's group: ``ModelDataSettings`` -> ``model
-    data``."""
+    """The heading of a family's or a row's group: its ``HEADING`` if it declares one
+    (``FedProxSettings``: ``fedprox``), else from its name: ``ModelDataSettings`` ->
+    ``model data``."""
+    heading = getattr(group, "HEADING", None)
+    if isinstance(heading, str):
+        return heading
     name = group.__name__.removesuffix("Settings")
     return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
 

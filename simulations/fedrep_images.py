@@ -10,7 +10,7 @@ partition, local epochs and seed. Accuracy is measured every round on ALL client
 accuracy is the mean of the last 10 rounds, and FedAvg+FT's is measured after 10
 head-only epochs on every client. FedAvg and FedAvg+FT differ only after the last
 round, so when both are asked for they share one training run (the fedavg-ft run
-records the accuracy before and after fine-tuning).
+records the accuracy before and after fine-tuning); so do FedProx and FedProx+FT.
 
 Every method runs once per seed. Writes DIR/summary.json (``final_accuracy[METHOD]``,
 the mean over seeds, with ``final_accuracy_std``, ``final_accuracy_ci95``, ``per_seed``,
@@ -60,6 +60,9 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
     "cifar10": {"lr": 0.01, "epochs": 1},
     "cifar100": {"lr": 0.01, "classes-per-client": 20},
 }
+# A method and its +FT row train alike and differ after the last round: when both are
+# asked for, they share the +FT run, which records the accuracy before fine-tuning too.
+FINETUNED = {"fedavg": "fedavg-ft", "fedprox": "fedprox-ft"}
 QUICK = {"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.2}
 
 
@@ -92,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"dataset": args.dataset, **DATASET_SETTINGS[args.dataset]},
         QUICK,
     )
-    # FedAvg's numbers come from the FedAvg+FT run when both are wanted.
-    directories = run_methods(args, values, chosen, seeds, shared={"fedavg": "fedavg-ft"})
+    # FedAvg's numbers come from the FedAvg+FT run when both are wanted (FedProx's too).
+    directories = run_methods(args, values, chosen, seeds, shared=FINETUNED)
     out = args.out.expanduser().resolve()
 
     final, clients = _accuracies(directories, chosen, seeds)
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     curves = {
         m: [read_rounds(directories[(m, s)]) for s in seeds]
         for m in chosen
-        if m != "fedavg-ft" or "fedavg" not in chosen
+        if not any(m == ft and base in chosen for base, ft in FINETUNED.items())
     }
     plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
     plot_client_cdf(result["per_client"], out / "clients.png", title=title)
@@ -128,18 +131,19 @@ def _accuracies(
     directories: dict[tuple[str, int], Path], chosen: list[str], seeds: list[int]
 ) -> tuple[dict[tuple[str, int], float], dict[str, dict[str, float]]]:
     """Each run's final accuracy, and each method's per-client accuracies (first seed);
-    FedAvg's are those of the FedAvg+FT run before fine-tuning when the two share it."""
+    FedAvg's are those of the FedAvg+FT run before fine-tuning when the two share it, and
+    FedProx's those of the FedProx+FT run."""
     final: dict[tuple[str, int], float] = {}
     for (method, seed), directory in directories.items():
         summary = read_summary(directory)
-        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        before = summary["algorithm"] == FINETUNED.get(method)
         final[(method, seed)] = summary[
             "final_accuracy_before_finetune" if before else "final_accuracy"
         ]
     clients = {}
     for method in chosen:
         summary = read_summary(directories[(method, seeds[0])])
-        before = method == "fedavg" and summary["algorithm"] == "fedavg-ft"
+        before = summary["algorithm"] == FINETUNED.get(method)
         clients[method] = summary.get(
             "client_accuracy_before_finetune" if before else "client_accuracy", {}
         )

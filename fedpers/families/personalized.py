@@ -1,18 +1,18 @@
 """The personalized family: a body/head model, part of it averaged by the server.
 
-FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedBABU, Ditto and Local are rows of the
-algorithm table that differ in what they share and train; the server averages the
-shared parts (``strategies/base.py``), the clients keep the rest
+FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedProx(+FT), FedBABU, Ditto and Local
+are rows of the algorithm table that differ in what they share and train; the server
+averages the shared parts (``strategies/base.py``), the clients keep the rest
 (``clients/base.py``). This module holds what the family adds to the core: the result
-of the fine-tuning test after the last round, Ditto's settings, the settings of
-client-level differential privacy (``fedpers.privacy``, which only this family's shared
-parts support) with their check, and the summary.
+of the fine-tuning test after the last round, Ditto's and FedProx's settings, the
+settings of client-level differential privacy (``fedpers.privacy``, which only this
+family's shared parts support) with their check, and the summary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from fedpers import families, protocol
 from fedpers.families import RunSummary
@@ -47,6 +47,22 @@ class DittoSettings:
 
     def check(self) -> None:
         at_least("ditto-lambda", self.ditto_lambda, 0.0)
+
+
+@dataclass(frozen=True)
+class FedProxSettings:
+    """The proximal term of FedProx (the rows `fedprox` and `fedprox-ft`)."""
+
+    HEADING: ClassVar[str] = "fedprox"
+
+    fedprox_mu: float = setting(
+        0.01,
+        "FedProx: weight of (mu/2)||w - w^t||^2 added to every local step's loss, pulling "
+        "the local model w toward the round's global model w^t (0: FedAvg's update)",
+    )
+
+    def check(self) -> None:
+        at_least("fedprox-mu", self.fedprox_mu, 0.0)
 
 
 def check_privacy(run: RunConfig) -> None:
