@@ -32,7 +32,7 @@ from typing import Any
 
 from fedpers import families
 from fedpers.families.linear import NAME as LINEAR_FAMILY
-from fedpers.families.personalized import DittoSettings, FedProxSettings
+from fedpers.families.personalized import DittoSettings, FedProxSettings, ScaffoldSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -173,6 +173,8 @@ _LINEAR_FEDREP = LinearVariant(
 )
 _SHEAF_CLIENT = "fedpers.clients.sheaf:SheafClient"
 _FEDPROX_CLIENT = "fedpers.clients.fedprox:FedProxClient"
+_SCAFFOLD_STRATEGY = "fedpers.strategies.scaffold:Scaffold"
+_SCAFFOLD_CLIENT = "fedpers.clients.scaffold:ScaffoldClient"
 _MIXTURE = "Marfoq et al., NeurIPS 2021"
 
 _BUILT_IN = (
@@ -221,6 +223,27 @@ _BUILT_IN = (
         settings=(FedProxSettings,),
         final_test=FinalTest.FINETUNE,
         paper="FedProx, then head fine-tuning (FedRep's Table 1)",
+    ),
+    AlgorithmSpec(
+        name="scaffold",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy=_SCAFFOLD_STRATEGY,
+        client=_SCAFFOLD_CLIENT,
+        settings=(ScaffoldSettings,),
+        personal_state=True,  # c_i
+        paper="Karimireddy et al., ICML 2020",
+    ),
+    AlgorithmSpec(
+        name="scaffold-ft",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy=_SCAFFOLD_STRATEGY,
+        client=_SCAFFOLD_CLIENT,
+        settings=(ScaffoldSettings,),
+        personal_state=True,
+        final_test=FinalTest.FINETUNE,
+        paper="SCAFFOLD, then head fine-tuning (FedRep's Table 1)",
     ),
     AlgorithmSpec(
         name="lg-fedavg",

@@ -10,7 +10,8 @@ partition, local epochs and seed. Accuracy is measured every round on ALL client
 accuracy is the mean of the last 10 rounds, and FedAvg+FT's is measured after 10
 head-only epochs on every client. FedAvg and FedAvg+FT differ only after the last
 round, so when both are asked for they share one training run (the fedavg-ft run
-records the accuracy before and after fine-tuning); so do FedProx and FedProx+FT.
+records the accuracy before and after fine-tuning); so do FedProx and SCAFFOLD with
+their +FT rows.
 
 Every method runs once per seed. Writes DIR/summary.json (``final_accuracy[METHOD]``,
 the mean over seeds, with ``final_accuracy_std``, ``final_accuracy_ci95``, ``per_seed``,
@@ -62,7 +63,7 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
 }
 # A method and its +FT row train alike and differ after the last round: when both are
 # asked for, they share the +FT run, which records the accuracy before fine-tuning too.
-FINETUNED = {"fedavg": "fedavg-ft", "fedprox": "fedprox-ft"}
+FINETUNED = {"fedavg": "fedavg-ft", "fedprox": "fedprox-ft", "scaffold": "scaffold-ft"}
 QUICK = {"num-clients": 20, "num-rounds": 4, "final-rounds": 2, "fraction-train": 0.2}
 
 
@@ -132,7 +133,7 @@ def _accuracies(
 ) -> tuple[dict[tuple[str, int], float], dict[str, dict[str, float]]]:
     """Each run's final accuracy, and each method's per-client accuracies (first seed);
     FedAvg's are those of the FedAvg+FT run before fine-tuning when the two share it, and
-    FedProx's those of the FedProx+FT run."""
+    FedProx's and SCAFFOLD's those of their +FT runs."""
     final: dict[tuple[str, int], float] = {}
     for (method, seed), directory in directories.items():
         summary = read_summary(directory)

@@ -1,12 +1,13 @@
 """The personalized family: a body/head model, part of it averaged by the server.
 
-FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedProx(+FT), FedBABU, Ditto and Local
-are rows of the algorithm table that differ in what they share and train; the server
-averages the shared parts (``strategies/base.py``), the clients keep the rest
-(``clients/base.py``). This module holds what the family adds to the core: the result
-of the fine-tuning test after the last round, Ditto's and FedProx's settings, the
-settings of client-level differential privacy (``fedpers.privacy``, which only this
-family's shared parts support) with their check, and the summary.
+FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedProx(+FT), SCAFFOLD(+FT), FedBABU,
+Ditto and Local are rows of the algorithm table that differ in what they share and
+train; the server averages the shared parts (``strategies/base.py``), the clients keep
+the rest (``clients/base.py``). This module holds what the family adds to the core: the
+result of the fine-tuning test after the last round, the settings of Ditto, FedProx and
+SCAFFOLD (and SCAFFOLD's wire names), the settings of client-level differential
+privacy (``fedpers.privacy``, which only this family's shared parts support) with their
+checks, and the summary.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fedpers.families import RunSummary
 from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult, UnseenTest
 from fedpers.results import RoundRecord, final_mean
-from fedpers.settings import ConfigError, at_least, setting
+from fedpers.settings import ConfigError, at_least, positive, setting
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
@@ -63,6 +64,43 @@ class FedProxSettings:
 
     def check(self) -> None:
         at_least("fedprox-mu", self.fedprox_mu, 0.0)
+
+
+@dataclass(frozen=True)
+class ScaffoldSettings:
+    """The server step of SCAFFOLD (the rows `scaffold` and `scaffold-ft`)."""
+
+    HEADING: ClassVar[str] = "scaffold"
+
+    scaffold_server_lr: float = setting(
+        1.0,
+        "SCAFFOLD: the global step size eta_g, x <- x + eta_g mean(y_i - x) (1: the mean "
+        "of the clients' models)",
+    )
+
+    def check(self) -> None:
+        positive("scaffold-server-lr", self.scaffold_server_lr)
+
+
+# SCAFFOLD's control variates travel beside the model, each under its parameter's name
+# with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
+CONTROL = "control."
+
+
+def is_control(name: str) -> bool:
+    """Whether the array ``name`` is a SCAFFOLD control variate."""
+    return name.startswith(CONTROL)
+
+
+def check_scaffold(run: RunConfig) -> None:
+    """SCAFFOLD's server step is not client-level DP's release: refuse the two together
+    before anything starts."""
+    if ScaffoldSettings in run.spec.settings and run.group(PrivacySettings).dp is not DpMode.NONE:
+        raise ConfigError(
+            f"run-config key 'dp' = '{run.group(PrivacySettings).dp}' does not cover "
+            f"'{run.algorithm}', whose control variates travel with the model: set "
+            "dp = 'none', or choose another algorithm."
+        )
 
 
 def check_privacy(run: RunConfig) -> None:
@@ -125,6 +163,9 @@ def summary(done: RunSummary) -> dict[str, object]:
 
 FAMILY = families.register(
     families.FamilySpec(
-        name=NAME, summary=summary, groups=(PrivacySettings,), checks=(check_privacy,)
+        name=NAME,
+        summary=summary,
+        groups=(PrivacySettings,),
+        checks=(check_privacy, check_scaffold),
     )
 )

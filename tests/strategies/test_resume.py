@@ -70,14 +70,15 @@ def _killed_from_round_3(node: int, message: Any) -> str | None:
 def test_resume_without_client_state_refuses_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="'client-state-dir' is empty"):
         load_run_config({"algorithm": "fedrep", "resume": True})
-    for algorithm in ("fedgmm", "sheaf-frl", "ditto", "fedbabu"):
+    for algorithm in ("fedgmm", "sheaf-frl", "ditto", "fedbabu", "scaffold"):
         with pytest.raises(ConfigError, match="keeps state on its clients"):
             load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
     # FedAvg keeps nothing on its clients: its checkpoint alone resumes it exactly
     assert load_run_config({"algorithm": "fedavg", "resume": True}).resume
 
 
-@pytest.mark.parametrize("algorithm", ["fedrep", "sheaf-frl"])
+# SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
+@pytest.mark.parametrize("algorithm", ["fedrep", "sheaf-frl", "scaffold"])
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
     # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
     # round 2's checkpoint is the last), then resumed on fresh nodes (empty state).
