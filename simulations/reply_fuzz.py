@@ -66,6 +66,8 @@ ATTACKER = 1
 FAMILIES: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": "fedavg", "dataset": "digits"},
     "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
+    # SCAFFOLD: control variates travel both ways beside the model
+    "scaffold": {"algorithm": "scaffold", "dataset": "digits"},
     "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
 }
