@@ -74,8 +74,10 @@ class ScaffoldSettings:
 
     HEADING: ClassVar[str] = "scaffold"
 
+    # Chosen on validation (docs/reproducing.md): 0.5 of {0.5, 1}, tied with the
+    # paper's 1 (FedRep's Table 1 setting, seeds 0-2).
     scaffold_server_lr: float = setting(
-        1.0,
+        0.5,
         "SCAFFOLD: the global step size eta_g, x <- x + eta_g mean(y_i - x) (1: the mean "
         "of the clients' models)",
     )

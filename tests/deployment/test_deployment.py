@@ -1,12 +1,15 @@
 """A real deployment: a SuperLink and three SuperNodes, each in its own network
 namespace, with TLS and SuperNode authentication, driven by `flwr run`.
 
-One deployed FedRep run of 7 rounds, every node training every round: rounds 1-2 must
-equal a simulated run with the same seed and partitions; in round 3 one SuperNode is
-SIGKILLed (the round completes with the others and records the failure); it restarts
-after its key is registered again, restores its head from the device's disk, the
-strategy maps its new node id back to its partition, and it takes part again in a
-later round and in every round after it. A round takes 10-15 s here, and the restarted
+One deployed SCAFFOLD run of 7 rounds, every node training every round: the exchange
+with the most on the wire (the model and its control variates, both ways) and state on
+the device (each client's c_i). Rounds 1-2 must equal a simulated run with the same seed
+and partitions; in round 3 one SuperNode is SIGKILLed (the round completes with the
+others and records the failure); it restarts after its key is registered again,
+restores its c_i from the device's disk, the strategy maps its new node id back to its
+partition, and it takes part again in a later round and in every round after it.
+FedRep runs deployed in the Docker test (`make deploy-test`) and on the two-node Ray
+cluster (`make cluster-test`). A round takes 10-15 s here, and the restarted
 node needs a few of them to start and register: it is not asked to be back by round 4.
 """
 
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.reports import read_rounds, read_summary
 from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
 from tests.simulations.conftest import InProcessSimulation
@@ -37,7 +41,7 @@ pytestmark = [pytest.mark.flower, pytest.mark.netns, pytest.mark.xdist_group("ne
 NODES = 3
 ROUNDS = 7
 RUN = {
-    "algorithm": "fedrep",
+    "algorithm": "scaffold",
     "dataset": "digits",
     "num-clients": NODES,
     "fraction-train": 1.0,
@@ -175,7 +179,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     assert back, [(r.round, r.replies, r.rejections) for r in deployed]
     assert all(r.replies == NODES for r in deployed[back[0] - 1 :])
     assert read_summary(results / "deployed")["rounds"] == ROUNDS
-    # Its head came back from the device: it counts the rounds trained before the kill.
+    # Its c_i came back from the device: it counts the rounds trained before the kill.
     states = sorted(
         (cluster.work / "device-state" / "node2").glob("deployed-*-partition-2-round-*.npz"),
         key=lambda p: int(p.stem.rsplit("-", 1)[1]),
@@ -183,8 +187,10 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     assert states
     with np.load(states[-1]) as stored:
         configs = str(stored["__configs__"])
+        variates = [k for k in stored.files if k.startswith(f"a|{STATE_CONTROL}|")]
+    assert len(variates) == 6  # c_i of each of the MLP's six parameter arrays
     trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
-    # 2 before the kill + every round since its return; a fresh head would count only
+    # 2 before the kill + every round since its return; a fresh c_i would count only
     # the rounds since its return
     assert trained >= 2 + ROUNDS - back[0] + 1
 
