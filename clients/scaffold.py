@@ -14,8 +14,10 @@ It keeps ``c_i+`` and replies with ``y`` and ``c + (c_i+ - c_i)``, which is
 back less what was sent, and the server (``strategies/scaffold.py``) takes
 ``x <- x + eta_g mean(y - x)`` and ``c <- c + (|S| / N) mean(c_i+ - c_i)``.
 The correction is added to each parameter's gradient by a hook, so the loss the client
-reports is its own. SCAFFOLD+FT (``scaffold-ft``) then fine-tunes every head after the
-last round, as FedAvg+FT does.
+reports is its own. The run's optimizer applies (momentum and weight decay, when set,
+act on the corrected gradient; ``K eta_l`` stays the paper's plain-SGD scale).
+SCAFFOLD+FT (``scaffold-ft``) then fine-tunes every head after the last round, as
+FedAvg+FT does.
 """
 
 from __future__ import annotations
@@ -79,18 +81,16 @@ class ScaffoldClient(PersonalizedClient):
         if steps == 0:  # no data: nothing moved, c_i stays
             return {**reply, **{CONTROL + k: v for k, v in server.items()}}, metrics
         scale = steps * config_float(config, protocol.LR)
-        sent = {
-            name: (model[name].astype(np.float64) - reply[name]) / scale for name in model
-        }  # (x - y) / (K eta_l) = c + (c_i+ - c_i)
+        # (x - y) / (K eta_l), which is c + (c_i+ - c_i): what goes back for the variate
+        variate = {name: (model[name].astype(np.float64) - reply[name]) / scale for name in model}
         self.control = {
-            name: (self.control[name] - server[name] + sent[name]).astype(np.float32)
+            name: (self.control[name] - server[name] + variate[name]).astype(np.float32)
             for name in model
         }
         self.state[STATE_CONTROL] = ArrayRecord(
             {k: Array(np.ascontiguousarray(v)) for k, v in self.control.items()}
         )
-        returned = {CONTROL + k: v.astype(np.float32) for k, v in sent.items()}
-        return {**reply, **returned}, metrics
+        return {**reply, **{CONTROL + k: v.astype(np.float32) for k, v in variate.items()}}, metrics
 
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
         """The personalized evaluation of the model; control variates, if sent, are not
