@@ -32,7 +32,12 @@ from typing import Any
 
 from fedpers import families
 from fedpers.families.linear import NAME as LINEAR_FAMILY
-from fedpers.families.personalized import DittoSettings, FedProxSettings, ScaffoldSettings
+from fedpers.families.personalized import (
+    APFLSettings,
+    DittoSettings,
+    FedProxSettings,
+    ScaffoldSettings,
+)
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -265,6 +270,15 @@ _BUILT_IN = (
         personal_state=True,
         settings=(DittoSettings,),
         paper="Li et al., ICML 2021",
+    ),
+    AlgorithmSpec(
+        name="apfl",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client="fedpers.clients.apfl:APFLClient",
+        personal_state=True,  # v and alpha
+        settings=(APFLSettings,),
+        paper="Deng et al., 2020 (arXiv 2003.13461)",
     ),
     AlgorithmSpec(
         name="fedbabu",

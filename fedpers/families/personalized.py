@@ -1,10 +1,10 @@
 """The personalized family: a body/head model, part of it averaged by the server.
 
 FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedProx(+FT), SCAFFOLD(+FT), FedBABU,
-Ditto and Local are rows of the algorithm table that differ in what they share and
+Ditto, APFL and Local are rows of the algorithm table that differ in what they share and
 train; the server averages the shared parts (``strategies/base.py``), the clients keep
 the rest (``clients/base.py``). This module holds what the family adds to the core: the
-result of the fine-tuning test after the last round, the settings of Ditto, FedProx and
+result of the fine-tuning test after the last round, the settings of Ditto, FedProx, APFL and
 SCAFFOLD (and SCAFFOLD's wire names), the settings of client-level differential
 privacy (``fedpers.privacy``, which only this family's shared parts support) with their
 checks, and the summary.
@@ -20,7 +20,7 @@ from fedpers.families import RunSummary
 from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult, UnseenTest
 from fedpers.results import RoundRecord, final_mean
-from fedpers.settings import ConfigError, at_least, positive, setting
+from fedpers.settings import ConfigError, at_least, positive, setting, within
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
@@ -84,6 +84,27 @@ class ScaffoldSettings:
 
     def check(self) -> None:
         positive("scaffold-server-lr", self.scaffold_server_lr)
+
+
+@dataclass(frozen=True)
+class APFLSettings:
+    """The personal mixture of APFL (the row `apfl`)."""
+
+    HEADING: ClassVar[str] = "apfl"
+
+    apfl_alpha: float = setting(
+        0.25,
+        "APFL: the weight alpha of the personal model v in the prediction "
+        "alpha v + (1 - alpha) w (with apfl-adaptive, where each client's alpha starts)",
+    )
+    apfl_adaptive: bool = setting(
+        True,
+        "APFL: each client learns its alpha by gradient steps on its mixture's loss "
+        "(Deng et al., Section 3.2); false keeps apfl-alpha fixed",
+    )
+
+    def check(self) -> None:
+        within("apfl-alpha", self.apfl_alpha, "[0, 1]")
 
 
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name

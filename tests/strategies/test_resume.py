@@ -70,7 +70,7 @@ def _killed_from_round_3(node: int, message: Any) -> str | None:
 def test_resume_without_client_state_refuses_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="'client-state-dir' is empty"):
         load_run_config({"algorithm": "fedrep", "resume": True})
-    for algorithm in ("fedgmm", "sheaf-frl", "ditto", "fedbabu", "scaffold"):
+    for algorithm in ("fedgmm", "sheaf-frl", "ditto", "fedbabu", "scaffold", "apfl"):
         with pytest.raises(ConfigError, match="keeps state on its clients"):
             load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
     # FedAvg keeps nothing on its clients: its checkpoint alone resumes it exactly
