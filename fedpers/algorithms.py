@@ -36,6 +36,7 @@ from fedpers.families.personalized import (
     APFLSettings,
     DittoSettings,
     FedProxSettings,
+    PerFedAvgSettings,
     ScaffoldSettings,
 )
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
@@ -279,6 +280,22 @@ _BUILT_IN = (
         personal_state=True,  # v and alpha
         settings=(APFLSettings,),
         paper="Deng et al., 2020 (arXiv 2003.13461)",
+    ),
+    AlgorithmSpec(
+        name="per-fedavg",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client="fedpers.clients.perfedavg:PerFedAvgClient",
+        settings=(PerFedAvgSettings,),
+        paper="Fallah et al., NeurIPS 2020 (first-order)",
+    ),
+    AlgorithmSpec(
+        name="per-fedavg-hf",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client="fedpers.clients.perfedavg:PerFedAvgHFClient",
+        settings=(PerFedAvgSettings,),
+        paper="Fallah et al., NeurIPS 2020 (Hessian-free)",
     ),
     AlgorithmSpec(
         name="fedbabu",

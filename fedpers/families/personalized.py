@@ -1,13 +1,14 @@
 """The personalized family: a body/head model, part of it averaged by the server.
 
 FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg+FT, FedProx(+FT), SCAFFOLD(+FT), FedBABU,
-Ditto, APFL and Local are rows of the algorithm table that differ in what they share and
-train; the server averages the shared parts (``strategies/base.py``), the clients keep
-the rest (``clients/base.py``). This module holds what the family adds to the core: the
-result of the fine-tuning test after the last round, the settings of Ditto, FedProx, APFL and
-SCAFFOLD (and SCAFFOLD's wire names), the settings of client-level differential
-privacy (``fedpers.privacy``, which only this family's shared parts support) with their
-checks, and the summary.
+Ditto, APFL, Per-FedAvg (FO, HF) and Local are rows of the algorithm table that differ
+in what they share and train; the server averages the shared parts
+(``strategies/base.py``), the clients keep the rest (``clients/base.py``). This module
+holds what the family adds to the core: the result of the fine-tuning test after the
+last round, the settings of Ditto, FedProx, APFL, Per-FedAvg and SCAFFOLD (and
+SCAFFOLD's wire names), the settings of client-level differential privacy
+(``fedpers.privacy``, which only this family's shared parts support) with their checks,
+and the summary.
 """
 
 from __future__ import annotations
@@ -105,6 +106,23 @@ class APFLSettings:
 
     def check(self) -> None:
         within("apfl-alpha", self.apfl_alpha, "[0, 1]")
+
+
+@dataclass(frozen=True)
+class PerFedAvgSettings:
+    """The inner step of Per-FedAvg (the rows `per-fedavg` and `per-fedavg-hf`)."""
+
+    HEADING: ClassVar[str] = "per-fedavg"
+
+    per_fedavg_alpha: float = setting(
+        0.01,
+        "Per-FedAvg: the step size alpha of the inner step w - alpha grad f(w; D), in "
+        "training and in the one step of adaptation before a client's test (the outer "
+        "step beta is the round's lr)",
+    )
+
+    def check(self) -> None:
+        at_least("per-fedavg-alpha", self.per_fedavg_alpha, 0.0)
 
 
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name
