@@ -33,8 +33,7 @@ from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import APFLSettings
 from fedpers.models import load_part_arrays, part_arrays
-from fedpers.seeding import seed_torch
-from fedpers.training import SGD, evaluate
+from fedpers.training import SGD, dropout_stream, evaluate
 
 STATE_ALPHA = "fedpers.apfl.alpha"  # this client's mixing weight, in context.state
 ALPHA = "alpha"
@@ -75,11 +74,7 @@ class APFLClient(PersonalizedClient):
         loss_sum, seen = 0.0, 0
         w_model.train()
         v_model.train()
-        # Dropout draws from torch's global generator: seed it from the client's own
-        # stream (as fedpers.training.train does), and restore it afterwards.
-        dropout_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[]):
-            seed_torch(dropout_seed, x.device.type)
+        with dropout_stream(generator, x.device.type):
             for _ in range(epochs if len(y) else 0):
                 order = torch.randperm(len(y), generator=generator)
                 for start in range(0, len(y), settings.batch_size):

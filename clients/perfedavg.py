@@ -34,8 +34,7 @@ from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import PerFedAvgSettings
 from fedpers.models import part_arrays
-from fedpers.seeding import seed_torch
-from fedpers.training import SGD, evaluate
+from fedpers.training import SGD, dropout_stream, evaluate
 
 
 class PerFedAvgClient(PersonalizedClient):
@@ -101,9 +100,7 @@ class PerFedAvgClient(PersonalizedClient):
         k = self.batches_per_step
         losses: list[float] = []
         self.model.train()
-        dropout_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[]):
-            seed_torch(dropout_seed, x.device.type)
+        with dropout_stream(generator, x.device.type):
             for _ in range(epochs if len(y) else 0):
                 order = torch.randperm(len(y), generator=generator)
                 batches = []

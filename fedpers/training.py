@@ -18,7 +18,8 @@ the small models here (0.45 ms against 0.19 ms a step, cProfile of the FedGMM sc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,18 @@ class EvalStats:
     num_examples: int
 
 
+@contextmanager
+def dropout_stream(generator: torch.Generator, device_type: str = "cpu") -> Iterator[None]:
+    """Within it, torch's global generator (which dropout draws from) is seeded from
+    ``generator``, and it is restored afterwards: a client's update depends on its own
+    stream only. Every local update with dropout (``train``, APFL's, Per-FedAvg's) takes
+    its seed here, one draw from ``generator`` before any other."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        seed_torch(seed, device_type)
+        yield
+
+
 def train(
     model: nn.Module,
     x: torch.Tensor,
@@ -180,12 +193,8 @@ def train(
     optimizer = SGD([p for _, p in trainable], settings)
     model.train()
     steps = 0
-    # Dropout draws from torch's global RNG: seed it from `generator` (and restore it
-    # afterwards), so a client's update depends on its own stream only.
-    dropout_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    fork = torch.random.fork_rng(devices=[])
-    fork.__enter__()
-    seed_torch(dropout_seed, x.device.type)
+    stream = dropout_stream(generator, x.device.type)
+    stream.__enter__()
     try:
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=generator)
@@ -210,7 +219,7 @@ def train(
                 seen += len(index)
                 steps += 1
     finally:
-        fork.__exit__(None, None, None)
+        stream.__exit__(None, None, None)
         for p in model.parameters():
             p.requires_grad_(previous[id(p)])
     return TrainStats(loss=epoch_loss / max(seen, 1), num_examples=len(y), steps=steps)
