@@ -5,8 +5,6 @@ ClientApp and the FedAvg server), half the clients a round, against the steps of
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
@@ -15,33 +13,16 @@ from flwr.app import ConfigRecord, RecordDict
 
 from fedpers import protocol
 from fedpers.clients.apfl import ALPHA, STATE_ALPHA, APFLClient
-from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.families.personalized import APFLSettings
 from fedpers.settings import ConfigError
-from fedpers.strategies import build_strategy
-from tests.clients.test_fedprox import TINY, _forward, _largest_gap
-from tests.helpers import InProcessGrid, client_of, run_config
+from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds
+from tests.helpers import client_of, run_config
 
 ALPHA_0 = 0.3
 
 Params = dict[str, torch.Tensor]
-
-
-def _two_rounds(**overrides: Any) -> tuple[RunConfig, dict, dict, list[list[int]], Any]:
-    values = run_config(
-        **{**TINY, "algorithm": "apfl", "fraction_train": 0.5, "apfl_alpha": ALPHA_0, **overrides}
-    )
-    config = RunConfig.from_mapping(values)
-    grid = InProcessGrid(client_app, values, config.num_clients)
-    strategy = build_strategy(config)
-    strategy.federation.connect(grid, timeout=5)
-    initial = strategy.initial_arrays(grid, timeout=5)
-    result = strategy.start(grid, initial, num_rounds=2, timeout=5)
-    sampled = [strategy.sample(r) for r in (1, 2)]
-    start = {k: v.numpy() for k, v in initial.items()}
-    return config, start, {k: v.numpy() for k, v in result.arrays.items()}, sampled, grid
 
 
 def _grad(params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
@@ -96,7 +77,9 @@ def _apfl_oracle(
 
 
 def test_two_rounds_of_apfl_are_algorithm_1_with_adaptive_alpha() -> None:
-    config, start, result, sampled, grid = _two_rounds()
+    config, start, result, sampled, grid = tiny_rounds(
+        2, algorithm="apfl", fraction_train=0.5, apfl_alpha=ALPHA_0
+    )
     oracle, personal = _apfl_oracle(config, start, sampled)
     assert _largest_gap(result, oracle) < 1e-6
     # The v and alpha kept on the node of a client sampled in both rounds (its second

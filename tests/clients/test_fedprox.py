@@ -5,7 +5,7 @@ in plain torch, the server's average weighted by training samples."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -35,16 +35,34 @@ TINY = {
 }
 
 
-def _one_round(**overrides: Any) -> tuple[RunConfig, dict[str, np.ndarray], dict]:
+class Rounds(NamedTuple):
+    """What ``tiny_rounds`` ran: the configuration, the initial and final global arrays,
+    the partitions sampled in each round, and the grid (its nodes' states)."""
+
+    config: RunConfig
+    start: dict[str, np.ndarray]
+    result: dict[str, np.ndarray]
+    sampled: list[list[int]]
+    grid: InProcessGrid
+
+
+def tiny_rounds(num_rounds: int, **overrides: Any) -> Rounds:
+    """``num_rounds`` rounds of the TINY problem (with ``overrides``) through the
+    in-process grid: the real ClientApp and the row's strategy."""
     values = run_config(**{**TINY, **overrides})
     config = RunConfig.from_mapping(values)
     grid = InProcessGrid(client_app, values, config.num_clients)
     strategy = build_strategy(config)
     strategy.federation.connect(grid, timeout=5)
     initial = strategy.initial_arrays(grid, timeout=5)
-    result = strategy.start(grid, initial, num_rounds=1, timeout=5)
-    start = {k: v.numpy() for k, v in initial.items()}
-    return config, start, {k: v.numpy() for k, v in result.arrays.items()}
+    result = strategy.start(grid, initial, num_rounds=num_rounds, timeout=5)
+    return Rounds(
+        config,
+        {k: v.numpy() for k, v in initial.items()},
+        {k: v.numpy() for k, v in result.arrays.items()},
+        [strategy.sample(r) for r in range(1, num_rounds + 1)],
+        grid,
+    )
 
 
 def _forward(w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +106,7 @@ def _largest_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 def test_one_round_of_fedprox_is_the_proximal_gradient_steps_averaged() -> None:
     mu = 0.5
-    config, start, result = _one_round(algorithm="fedprox", fedprox_mu=mu)
+    config, start, result, _, _ = tiny_rounds(1, algorithm="fedprox", fedprox_mu=mu)
     oracle = _fedprox_oracle(config, start, mu)
     assert _largest_gap(result, oracle) < 1e-6
     # The test can fail: without the proximal term (FedAvg's steps), or with mu off by

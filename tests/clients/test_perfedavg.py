@@ -15,27 +15,13 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
 from fedpers import protocol
-from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.settings import ConfigError
-from fedpers.strategies import build_strategy
-from tests.clients.test_fedprox import TINY, _forward, _largest_gap
-from tests.helpers import InProcessGrid, client_of, run_config
+from tests.clients.test_fedprox import TINY, _forward, _largest_gap, tiny_rounds
+from tests.helpers import client_of, run_config
 
 ALPHA = 0.2
-
-
-def _one_round(algorithm: str, **overrides: Any) -> tuple[RunConfig, dict, dict]:
-    values = run_config(**{**TINY, "algorithm": algorithm, "per_fedavg_alpha": ALPHA, **overrides})
-    config = RunConfig.from_mapping(values)
-    grid = InProcessGrid(client_app, values, config.num_clients)
-    strategy = build_strategy(config)
-    strategy.federation.connect(grid, timeout=5)
-    initial = strategy.initial_arrays(grid, timeout=5)
-    result = strategy.start(grid, initial, num_rounds=1, timeout=5)
-    start = {k: v.numpy() for k, v in initial.items()}
-    return config, start, {k: v.numpy() for k, v in result.arrays.items()}
 
 
 def _loss_of(names: list[str], x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -76,7 +62,7 @@ def _oracle(
 
 @pytest.mark.parametrize(("algorithm", "hessian"), [("per-fedavg", False), ("per-fedavg-hf", True)])
 def test_one_round_of_per_fedavg_is_algorithm_1(algorithm: str, hessian: bool) -> None:
-    config, start, result = _one_round(algorithm)
+    config, start, result, _, _ = tiny_rounds(1, algorithm=algorithm, per_fedavg_alpha=ALPHA)
     assert _largest_gap(result, _oracle(config, start, ALPHA, hessian=hessian)) < 1e-6
     # The test can fail: the other variant, and FedAvg's plain steps (alpha = 0), are
     # far from what this one computed.

@@ -15,30 +15,15 @@ from flwr.app import ConfigRecord, RecordDict
 from numpy.testing import assert_array_equal
 
 from fedpers import protocol
-from fedpers.clients.client_app import app as client_app
 from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.settings import ConfigError
-from fedpers.strategies import build_strategy
-from tests.clients.test_fedprox import TINY, _forward, _largest_gap
-from tests.helpers import InProcessGrid, client_of, run_config
+from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds
+from tests.helpers import client_of, run_config
 
 ETA_G = 0.8
 CONTROL = "control."
-
-
-def _two_rounds(**overrides: Any) -> tuple[RunConfig, dict, dict, list[list[int]], Any]:
-    values = run_config(**{**TINY, "algorithm": "scaffold", "fraction_train": 0.5, **overrides})
-    config = RunConfig.from_mapping(values)
-    grid = InProcessGrid(client_app, values, config.num_clients)
-    strategy = build_strategy(config)
-    strategy.federation.connect(grid, timeout=5)
-    initial = strategy.initial_arrays(grid, timeout=5)
-    result = strategy.start(grid, initial, num_rounds=2, timeout=5)
-    sampled = [strategy.sample(r) for r in (1, 2)]
-    start = {k: v.numpy() for k, v in initial.items()}
-    return config, start, {k: v.numpy() for k, v in result.arrays.items()}, sampled, grid
 
 
 def _scaffold_oracle(
@@ -93,7 +78,9 @@ def _scaffold_oracle(
 
 
 def test_two_rounds_of_scaffold_are_algorithm_1_with_option_ii() -> None:
-    config, start, result, sampled, grid = _two_rounds(scaffold_server_lr=ETA_G)
+    config, start, result, sampled, grid = tiny_rounds(
+        2, algorithm="scaffold", fraction_train=0.5, scaffold_server_lr=ETA_G
+    )
     assert all(len(s) == 2 for s in sampled)
     assert sampled[0] != sampled[1]
     assert all(not np.any(v) for k, v in start.items() if k.startswith(CONTROL))  # c^0 = 0
