@@ -59,11 +59,7 @@ class APFLClient(PersonalizedClient):
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """The simultaneous steps of ``w``, ``v`` and ``alpha``; replies ``w``."""
-        self.load_shared(arrays)
-        server_round = config_int(config, protocol.ROUND)
-        generator = self.generator("train", server_round)
-        x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
-        settings = self.sgd_settings(config)
+        generator, x, y, settings = self.start_round(arrays, config)
         epochs = config_int(config, protocol.EPOCHS)
         w_model, v_model = self.model, self.personal_model
         w_params = list(w_model.parameters())

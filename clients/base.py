@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,6 +38,15 @@ from fedpers.training import (
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
 # A term added to a local step's loss, called with the step's generator (``train``).
 Penalty = Callable[[torch.Generator], torch.Tensor]
+
+
+class LocalRound(NamedTuple):
+    """What a local update starts from (``PersonalizedClient.start_round``)."""
+
+    generator: torch.Generator
+    x: torch.Tensor
+    y: torch.Tensor
+    settings: SGDSettings
 
 
 class TorchClient(ClientBase):
@@ -134,11 +144,7 @@ class PersonalizedClient(TorchClient):
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """One round of local training from the server's shared arrays."""
-        self.load_shared(arrays)
-        server_round = config_int(config, protocol.ROUND)
-        generator = self.generator("train", server_round)
-        x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
-        settings = self.sgd_settings(config)
+        generator, x, y, settings = self.start_round(arrays, config)
         penalty = self.penalty(arrays)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
@@ -158,6 +164,14 @@ class PersonalizedClient(TorchClient):
             self.state[protocol.STATE_PERSONAL] = _to_record(part_arrays(self.model, self.personal))
         metrics = {protocol.NUM_EXAMPLES: float(len(y)), protocol.LOSS: loss}
         return part_arrays(self.model, self.shared), metrics
+
+    def start_round(self, arrays: Arrays, config: ConfigRecord) -> LocalRound:
+        """Load the server's shared arrays; the round's training generator, training data
+        (on the device) and optimizer settings: what every local update starts from."""
+        self.load_shared(arrays)
+        generator = self.generator("train", config_int(config, protocol.ROUND))
+        x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
+        return LocalRound(generator, x, y, self.sgd_settings(config))
 
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
         """Test accuracy with the server's shared parts and this client's own parts.

@@ -89,11 +89,7 @@ class PerFedAvgClient(PersonalizedClient):
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """Per-FedAvg's local steps from the received ``w``; replies ``w``."""
-        self.load_shared(arrays)
-        server_round = config_int(config, protocol.ROUND)
-        generator = self.generator("train", server_round)
-        x, y = self.tensor(self.data.x_train), self.tensor(self.data.y_train)
-        settings = self.sgd_settings(config)
+        generator, x, y, settings = self.start_round(arrays, config)
         epochs = config_int(config, protocol.EPOCHS)
         named: dict[str, torch.Tensor] = dict(self.model.named_parameters())
         optimizer = SGD(list(self.model.parameters()), settings)

@@ -17,7 +17,7 @@ from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.families.personalized import APFLSettings
 from fedpers.settings import ConfigError
-from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds
+from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
 from tests.helpers import client_of, run_config
 
 ALPHA_0 = 0.3
@@ -52,9 +52,7 @@ def _apfl_oracle(
         total = {k: torch.zeros_like(v) for k, v in w.items()}
         samples = 0
         for partition in clients:
-            data = client_data(config, partition)
-            x = torch.tensor(data.x_train, dtype=torch.float64)
-            y = torch.tensor(data.y_train, dtype=torch.int64)
+            x, y = training_tensors(config, partition)
             wk = dict(w)
             v, alpha = personal[partition]
             for _ in range(config.epochs):

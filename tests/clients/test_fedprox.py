@@ -65,6 +65,15 @@ def tiny_rounds(num_rounds: int, **overrides: Any) -> Rounds:
     )
 
 
+def training_tensors(config: RunConfig, partition: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A client's training inputs (float64, for the oracles) and labels."""
+    data = client_data(config, partition)
+    return (
+        torch.tensor(data.x_train, dtype=torch.float64),
+        torch.tensor(data.y_train, dtype=torch.int64),
+    )
+
+
 def _forward(w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """The digits MLP, 64-128-64 | 64-10 with ReLU (``fedpers.models``), written out."""
     h = torch.relu(x @ w["body.0.weight"].T + w["body.0.bias"])
@@ -81,9 +90,7 @@ def _fedprox_oracle(
     total = {k: np.zeros_like(v, dtype=np.float64) for k, v in start.items()}
     samples = 0
     for partition in range(config.num_clients):
-        data = client_data(config, partition)
-        x = torch.tensor(data.x_train, dtype=torch.float64)
-        y = torch.tensor(data.y_train, dtype=torch.int64)
+        x, y = training_tensors(config, partition)
         w = {k: v.clone().requires_grad_(True) for k, v in anchor.items()}
         for _ in range(config.epochs):
             loss = F.cross_entropy(_forward(w, x), y)

@@ -18,7 +18,13 @@ from fedpers import protocol
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.settings import ConfigError
-from tests.clients.test_fedprox import TINY, _forward, _largest_gap, tiny_rounds
+from tests.clients.test_fedprox import (
+    TINY,
+    _forward,
+    _largest_gap,
+    tiny_rounds,
+    training_tensors,
+)
 from tests.helpers import client_of, run_config
 
 ALPHA = 0.2
@@ -41,9 +47,7 @@ def _oracle(
     total = {k: np.zeros_like(v, dtype=np.float64) for k, v in start.items()}
     samples = 0
     for partition in range(config.num_clients):
-        data = client_data(config, partition)
-        x = torch.tensor(data.x_train, dtype=torch.float64)
-        y = torch.tensor(data.y_train, dtype=torch.int64)
+        x, y = training_tensors(config, partition)
         loss = _loss_of(names, x, y)
         w = tuple(torch.tensor(start[k], dtype=torch.float64) for k in names)
         for _ in range(config.epochs):

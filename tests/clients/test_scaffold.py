@@ -17,9 +17,8 @@ from numpy.testing import assert_array_equal
 from fedpers import protocol
 from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.config import RunConfig, load_run_config
-from fedpers.data.client import client_data
 from fedpers.settings import ConfigError
-from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds
+from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
 from tests.helpers import client_of, run_config
 
 ETA_G = 0.8
@@ -52,9 +51,7 @@ def _scaffold_oracle(
     for clients in sampled:
         dy, dc = [], []
         for partition in clients:
-            data = client_data(config, partition)
-            inputs = torch.tensor(data.x_train, dtype=torch.float64)
-            labels = torch.tensor(data.y_train, dtype=torch.int64)
+            inputs, labels = training_tensors(config, partition)
             y = {k: v.clone().requires_grad_(True) for k, v in x.items()}
             for _ in range(steps):
                 loss = F.cross_entropy(_forward(y, inputs), labels)
