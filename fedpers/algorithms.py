@@ -36,6 +36,7 @@ from fedpers.families.personalized import (
     APFLSettings,
     DittoSettings,
     FedProxSettings,
+    L2GDSettings,
     PerFedAvgSettings,
     ScaffoldSettings,
 )
@@ -280,6 +281,16 @@ _BUILT_IN = (
         personal_state=True,  # v and alpha
         settings=(APFLSettings,),
         paper="Deng et al., 2020 (arXiv 2003.13461)",
+    ),
+    AlgorithmSpec(
+        name="l2gd",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy="fedpers.strategies.l2gd:L2GD",
+        client="fedpers.clients.l2gd:L2GDClient",
+        personal_state=True,  # x_i
+        settings=(L2GDSettings,),
+        paper="Hanzely and Richtarik, 2020 (arXiv 2002.05516)",
     ),
     AlgorithmSpec(
         name="per-fedavg",

@@ -129,9 +129,40 @@ class PerFedAvgSettings:
         at_least("per-fedavg-alpha", self.per_fedavg_alpha, 0.0)
 
 
+@dataclass(frozen=True)
+class L2GDSettings:
+    """The coin and the pull of L2GD (the row `l2gd`)."""
+
+    HEADING: ClassVar[str] = "l2gd"
+
+    l2gd_p: float = setting(
+        0.5,
+        "L2GD: the probability p that a round is an aggregation step (each sampled "
+        "client's x_i moves toward the mean of all x_j) rather than a local one (x_i "
+        "trains on its own data for the round's epochs)",
+    )
+    l2gd_lambda: float = setting(
+        10.0,
+        "L2GD: the weight lambda of the penalty (lambda / 2n) sum ||x_i - mean x||^2; an "
+        "aggregation step moves x_i by lr lambda (1 - p) / p of its distance to the mean",
+    )
+
+    def check(self) -> None:
+        within("l2gd-p", self.l2gd_p, "(0, 1)")
+        at_least("l2gd-lambda", self.l2gd_lambda, 0.0)
+
+    def pull(self, lr: float) -> float:
+        """The share of its distance to the mean an aggregation step moves x_i: the
+        paper's step sizes eta lambda / (n p) (aggregation) and eta / (n (1 - p)) (local,
+        the round's ``lr``), in the ratio lambda (1 - p) / p."""
+        return lr * self.l2gd_lambda * (1.0 - self.l2gd_p) / self.l2gd_p
+
+
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name
 # with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
 CONTROL = "control."
+# L2GD's coin for the round, in the training message's config: 1 an aggregation step.
+AGGREGATE = "aggregate"
 
 
 def is_control(name: str) -> bool:
@@ -139,15 +170,32 @@ def is_control(name: str) -> bool:
     return name.startswith(CONTROL)
 
 
-def check_scaffold(run: RunConfig) -> None:
-    """SCAFFOLD's server step is not client-level DP's release: refuse the two together
-    before anything starts."""
-    if ScaffoldSettings in run.spec.settings and run.group(PrivacySettings).dp is not DpMode.NONE:
-        raise ConfigError(
-            f"run-config key 'dp' = '{run.group(PrivacySettings).dp}' does not cover "
-            f"'{run.algorithm}', whose control variates travel with the model: set "
-            "dp = 'none', or choose another algorithm."
-        )
+# Rows whose server step is their own, not the mean that client-level DP releases.
+_OWN_SERVER_STEP = {
+    ScaffoldSettings: "whose control variates travel with the model",
+    L2GDSettings: "whose server tracks the mean of all personal models",
+}
+
+
+def check_server_step(run: RunConfig) -> None:
+    """SCAFFOLD's and L2GD's server steps are not client-level DP's release: refuse
+    either with ``dp`` before anything starts; refuse an L2GD pull beyond the mean."""
+    dp = run.group(PrivacySettings).dp
+    for group, why in _OWN_SERVER_STEP.items():
+        if group in run.spec.settings and dp is not DpMode.NONE:
+            raise ConfigError(
+                f"run-config key 'dp' = '{dp}' does not cover '{run.algorithm}', {why}: "
+                "set dp = 'none', or choose another algorithm."
+            )
+    if L2GDSettings in run.spec.settings:
+        settings = run.group(L2GDSettings)
+        if settings.pull(run.lr) > 1.0:
+            raise ConfigError(
+                f"run-config keys lr = {run.lr:g}, l2gd-lambda = {settings.l2gd_lambda:g} "
+                f"and l2gd-p = {settings.l2gd_p:g} make an aggregation step move x_i "
+                f"{settings.pull(run.lr):.3g} times its distance to the mean (past it): "
+                "lower l2gd-lambda or raise l2gd-p so that lr lambda (1 - p) / p <= 1."
+            )
 
 
 def check_privacy(run: RunConfig) -> None:
@@ -213,6 +261,6 @@ FAMILY = families.register(
         name=NAME,
         summary=summary,
         groups=(PrivacySettings,),
-        checks=(check_privacy, check_scaffold),
+        checks=(check_privacy, check_server_step),
     )
 )

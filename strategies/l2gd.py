@@ -1,0 +1,53 @@
+"""L2GD's server (Hanzely and Richtarik, 2020, Algorithm 1; the client is
+``clients/l2gd.py``). The global model is ``x_bar``, the mean of all ``n`` clients'
+personal models: they all start as the seeded initial model, and each round, over the
+replies ``S`` kept (each ``x_bar + (x_i^new - x_i^old)``),
+
+    x_bar <- x_bar + (|S| / n) mean_S(reply - x_bar)
+
+with the paper's unweighted mean (the run's ``aggregation`` with equal weights): the
+change of the mean when the clients of ``S`` changed and the others did not. The round's
+coin, an aggregation step with probability ``l2gd-p``, is drawn from the seed and the
+round, so a resumed run draws the same coins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers.families.personalized import AGGREGATE, L2GDSettings
+from fedpers.seeding import rng
+from fedpers.strategies.base import FedpersStrategy
+
+
+class L2GD(FedpersStrategy):
+    """FedAvg's rounds with L2GD's coin and its mean of all personal models."""
+
+    def aggregates(self, server_round: int) -> bool:
+        """Whether ``server_round`` is an aggregation step (probability ``l2gd-p``)."""
+        p = self.run.group(L2GDSettings).l2gd_p
+        return bool(rng(self.run.seed, "l2gd", server_round).random() < p)
+
+    def train_contents(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> dict[int, RecordDict]:
+        """The mean ``x_bar`` and the round's coin."""
+        config[AGGREGATE] = int(self.aggregates(server_round))
+        return super().train_contents(server_round, arrays, config, grid)
+
+    def combine(
+        self,
+        arrays: list[dict[str, np.ndarray]],
+        weights: list[float],
+        reference: dict[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """``x_bar + (|S| / n) (mean of the replies - x_bar)``, the mean unweighted."""
+        mean = super().combine(arrays, [1.0] * len(arrays), reference)
+        share = len(arrays) / len(self.seen)
+        combined = {}
+        for name, current in reference.items():
+            start = current.astype(np.float64)
+            combined[name] = (start + share * (mean[name] - start)).astype(current.dtype)
+        return combined
