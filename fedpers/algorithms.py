@@ -35,6 +35,7 @@ from fedpers.families.linear import NAME as LINEAR_FAMILY
 from fedpers.families.personalized import (
     APFLSettings,
     DittoSettings,
+    FedMTLSettings,
     FedProxSettings,
     L2GDSettings,
     PerFedAvgSettings,
@@ -291,6 +292,16 @@ _BUILT_IN = (
         personal_state=True,  # x_i
         settings=(L2GDSettings,),
         paper="Hanzely and Richtarik, 2020 (arXiv 2002.05516)",
+    ),
+    AlgorithmSpec(
+        name="fed-mtl",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy="fedpers.strategies.fedmtl:FedMTL",
+        client="fedpers.clients.fedmtl:FedMTLClient",
+        personal_state=True,  # w_i
+        settings=(FedMTLSettings,),
+        paper="Smith et al., NeurIPS 2017, as FedRep's Table 1 ran it",
     ),
     AlgorithmSpec(
         name="per-fedavg",

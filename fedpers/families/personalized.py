@@ -158,11 +158,32 @@ class L2GDSettings:
         return lr * self.l2gd_lambda * (1.0 - self.l2gd_p) / self.l2gd_p
 
 
+@dataclass(frozen=True)
+class FedMTLSettings:
+    """The task-relationship regularizer of Fed-MTL (the row `fed-mtl`)."""
+
+    HEADING: ClassVar[str] = "fed-mtl"
+
+    fed_mtl_lambda: float = setting(
+        1e-6,
+        "Fed-MTL: the weight c of c (||W||_F^2 + tr(W Omega W^T)), W the round's sampled "
+        "personal models as columns and Omega = I - 11^T/m, added to every local step's "
+        "loss (the FedRep authors' 10^-(digits of the parameter count + 1))",
+    )
+
+    def check(self) -> None:
+        at_least("fed-mtl-lambda", self.fed_mtl_lambda, 0.0)
+
+
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name
 # with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
 CONTROL = "control."
 # L2GD's coin for the round, in the training message's config: 1 an aggregation step.
 AGGREGATE = "aggregate"
+# Fed-MTL: the number m of tasks (personal models) sampled this round, in the training
+# message's config; the server keeps every client's model under this prefix.
+TASKS = "tasks"
+TASK = "task."
 
 
 def is_control(name: str) -> bool:
@@ -174,6 +195,7 @@ def is_control(name: str) -> bool:
 _OWN_SERVER_STEP = {
     ScaffoldSettings: "whose control variates travel with the model",
     L2GDSettings: "whose server tracks the mean of all personal models",
+    FedMTLSettings: "whose server keeps and relays every personal model",
 }
 
 
