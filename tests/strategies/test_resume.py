@@ -70,7 +70,16 @@ def _killed_from_round_3(node: int, message: Any) -> str | None:
 def test_resume_without_client_state_refuses_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="'client-state-dir' is empty"):
         load_run_config({"algorithm": "fedrep", "resume": True})
-    for algorithm in ("fedgmm", "sheaf-frl", "ditto", "fedbabu", "scaffold", "apfl"):
+    for algorithm in (
+        "fedgmm",
+        "sheaf-frl",
+        "ditto",
+        "fedbabu",
+        "scaffold",
+        "apfl",
+        "l2gd",
+        "fed-mtl",
+    ):
         with pytest.raises(ConfigError, match="keeps state on its clients"):
             load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
     # FedAvg keeps nothing on its clients: its checkpoint alone resumes it exactly
@@ -78,7 +87,12 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 
 
 # SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
-@pytest.mark.parametrize("algorithm", ["fedrep", "sheaf-frl", "scaffold"])
+# APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
+# x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
+# client's model in the checkpoint and on its device.
+@pytest.mark.parametrize(
+    "algorithm", ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl"]
+)
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
     # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
     # round 2's checkpoint is the last), then resumed on fresh nodes (empty state).
