@@ -215,6 +215,14 @@ _BUILT_IN = (
         paper="FedAvg, then head fine-tuning (FedRep's Table 1)",
     ),
     AlgorithmSpec(
+        name="fedavg-plus",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        client="fedpers.clients.fedavg_plus:FedAvgPlusClient",
+        unseen=True,
+        paper="Jiang et al., 2019 (arXiv 1909.12488), as FedEM's code tunes locally",
+    ),
+    AlgorithmSpec(
         name="fedprox",
         family=Family.PERSONALIZED,
         shared=MODEL_PARTS,

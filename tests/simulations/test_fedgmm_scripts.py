@@ -18,10 +18,15 @@ pytestmark = pytest.mark.flower
 def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
-    assert set(final) == {"fedgmm", "fedem", "fedavg", "local"}
+    assert set(final) == {"fedgmm", "fedem", "fedavg", "fedprox", "fedavg-plus", "local"}
     assert final["fedgmm"] >= final["fedem"] + 0.05
-    assert final["fedgmm"] >= final["fedavg"] + 0.15
-    assert (tmp_path / "table.md").read_text().count("| fed") == 3
+    for global_model in ("fedavg", "fedprox", "fedavg-plus"):
+        assert final["fedgmm"] >= final[global_model] + 0.15
+    # FedProx's mu = 0.001 is near FedAvg; adapting before the test helps on this data
+    # (quick form, 2026-12-04: 49.77 / 49.73 / 52.39 %).
+    assert abs(final["fedprox"] - final["fedavg"]) <= 0.05
+    assert final["fedavg-plus"] >= final["fedavg"] + 0.01
+    assert (tmp_path / "table.md").read_text().count("| fed") == 5
     assert_through_flower(through_flower, tmp_path)
 
 
