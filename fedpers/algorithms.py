@@ -39,6 +39,7 @@ from fedpers.families.personalized import (
     FedProxSettings,
     L2GDSettings,
     PerFedAvgSettings,
+    PFedMeSettings,
     ScaffoldSettings,
 )
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
@@ -326,6 +327,16 @@ _BUILT_IN = (
         client="fedpers.clients.perfedavg:PerFedAvgHFClient",
         settings=(PerFedAvgSettings,),
         paper="Fallah et al., NeurIPS 2020 (Hessian-free)",
+    ),
+    AlgorithmSpec(
+        name="pfedme",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy="fedpers.strategies.pfedme:PFedMe",
+        client="fedpers.clients.pfedme:PFedMeClient",
+        personal_state=True,  # theta
+        settings=(PFedMeSettings,),
+        paper="T Dinh et al., NeurIPS 2020",
     ),
     AlgorithmSpec(
         name="fedbabu",

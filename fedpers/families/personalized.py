@@ -175,6 +175,36 @@ class FedMTLSettings:
         at_least("fed-mtl-lambda", self.fed_mtl_lambda, 0.0)
 
 
+@dataclass(frozen=True)
+class PFedMeSettings:
+    """The Moreau envelope and the server step of pFedMe (the row `pfedme`)."""
+
+    HEADING: ClassVar[str] = "pfedme"
+
+    pfedme_lambda: float = setting(
+        15.0,
+        "pFedMe: the weight lambda of (lambda/2)||theta - w||^2 tying the personal model "
+        "theta to the local model w (the paper's 15)",
+    )
+    pfedme_k: int = setting(
+        5, "pFedMe: gradient steps K on the inner problem per mini-batch (the paper's 5)"
+    )
+    pfedme_personal_lr: float = setting(
+        0.01, "pFedMe: the step size of those K steps on theta (the round's lr moves w)"
+    )
+    pfedme_beta: float = setting(
+        1.0,
+        "pFedMe: the server's step w <- (1 - beta) w + beta mean(w_i) (1: the mean; the "
+        "paper also runs 2)",
+    )
+
+    def check(self) -> None:
+        positive("pfedme-lambda", self.pfedme_lambda)
+        at_least("pfedme-k", self.pfedme_k, 1)
+        positive("pfedme-personal-lr", self.pfedme_personal_lr)
+        positive("pfedme-beta", self.pfedme_beta)
+
+
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name
 # with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
 CONTROL = "control."
@@ -196,6 +226,7 @@ _OWN_SERVER_STEP = {
     ScaffoldSettings: "whose control variates travel with the model",
     L2GDSettings: "whose server tracks the mean of all personal models",
     FedMTLSettings: "whose server keeps and relays every personal model",
+    PFedMeSettings: "whose server steps by pfedme-beta from the last global model",
 }
 
 
@@ -208,6 +239,15 @@ def check_server_step(run: RunConfig) -> None:
             raise ConfigError(
                 f"run-config key 'dp' = '{dp}' does not cover '{run.algorithm}', {why}: "
                 "set dp = 'none', or choose another algorithm."
+            )
+    if PFedMeSettings in run.spec.settings:
+        pull = run.lr * run.group(PFedMeSettings).pfedme_lambda
+        if pull > 1.0:
+            raise ConfigError(
+                f"run-config keys lr = {run.lr:g} and pfedme-lambda = "
+                f"{run.group(PFedMeSettings).pfedme_lambda:g} make pFedMe's local step move w "
+                f"{pull:.3g} times its distance to theta (past it): lower one of them so "
+                "that lr lambda <= 1."
             )
     if L2GDSettings in run.spec.settings:
         settings = run.group(L2GDSettings)

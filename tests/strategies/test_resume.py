@@ -79,6 +79,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
         "apfl",
         "l2gd",
         "fed-mtl",
+        "pfedme",
     ):
         with pytest.raises(ConfigError, match="keeps state on its clients"):
             load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
