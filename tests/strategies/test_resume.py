@@ -90,9 +90,9 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
-# client's model in the checkpoint and on its device.
+# client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
 @pytest.mark.parametrize(
-    "algorithm", ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl"]
+    "algorithm", ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl", "pfedme"]
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
     # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
