@@ -68,6 +68,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
     # SCAFFOLD: control variates travel both ways beside the model
     "scaffold": {"algorithm": "scaffold", "dataset": "digits"},
+    # L2GD: the server keeps the mean of all personal models from the sampled changes
+    "l2gd": {"algorithm": "l2gd", "dataset": "digits", "l2gd_p": 0.5},
+    # Fed-MTL: every client's model is the state; each reply replaces its own
+    "fed-mtl": {"algorithm": "fed-mtl", "dataset": "digits"},
+    # pFedMe: the server's beta step from the last global model
+    "pfedme": {"algorithm": "pfedme", "dataset": "digits", "pfedme_beta": 2.0},
     "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
 }
