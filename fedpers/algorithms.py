@@ -34,6 +34,7 @@ from fedpers import families
 from fedpers.families.linear import NAME as LINEAR_FAMILY
 from fedpers.families.personalized import (
     APFLSettings,
+    ClusteredFLSettings,
     DittoSettings,
     FedMTLSettings,
     FedProxSettings,
@@ -337,6 +338,14 @@ _BUILT_IN = (
         personal_state=True,  # theta
         settings=(PFedMeSettings,),
         paper="T Dinh et al., NeurIPS 2020",
+    ),
+    AlgorithmSpec(
+        name="clustered-fl",
+        family=Family.PERSONALIZED,
+        shared=MODEL_PARTS,
+        strategy="fedpers.strategies.clustered:ClusteredFL",
+        settings=(ClusteredFLSettings,),
+        paper="Sattler et al., IEEE TNNLS 2020",
     ),
     AlgorithmSpec(
         name="fedbabu",

@@ -74,6 +74,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "fed-mtl": {"algorithm": "fed-mtl", "dataset": "digits"},
     # pFedMe: the server's beta step from the last global model
     "pfedme": {"algorithm": "pfedme", "dataset": "digits", "pfedme_beta": 2.0},
+    # Clustered FL: split from the first round on, so that replies reach two clusters
+    "clustered-fl": {
+        "algorithm": "clustered-fl",
+        "dataset": "digits",
+        "clustered_fl_eps1": 1e9,
+        "clustered_fl_eps2": 0.0,
+    },
     "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
 }

@@ -288,14 +288,20 @@ class FedpersStrategy(Strategy):
     ) -> dict[int, RecordDict]:
         """What each partition sampled in ``server_round`` receives: the shared arrays
         and the round's settings (the learning rate under the schedule)."""
-        config[protocol.ROUND] = server_round
+        self.round_config(server_round, config)
         self.sent_arrays = screening.array_specs(arrays)
         self.current_shared = {name: records.values(array) for name, array in arrays.items()}
+        content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
+        return dict.fromkeys(self.sample(server_round), content)
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """``config`` with the round number and the learning rate under the schedule
+        (in place, and returned)."""
+        config[protocol.ROUND] = server_round
         if protocol.LR in config:
             base_lr = records.number(config[protocol.LR], protocol.LR)
             config[protocol.LR] = base_lr * self.lr_factor(server_round)
-        content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
-        return dict.fromkeys(self.sample(server_round), content)
+        return config
 
     def evaluate_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
@@ -428,7 +434,13 @@ class FedpersStrategy(Strategy):
 
     def size_check(self, reply: Message) -> str | None:
         """``screening.magnitude_defect`` against the arrays sent this round."""
-        return screening.magnitude_defect(screening.arrays_of(reply), self.current_shared)
+        return screening.magnitude_defect(screening.arrays_of(reply), self.sent_to(reply))
+
+    def sent_to(self, reply: Message) -> dict[str, np.ndarray]:
+        """The shared arrays that the node of ``reply`` was sent this round, from which
+        its update is measured: the same for every node here (Clustered FL sends each
+        cluster its own)."""
+        return self.current_shared
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> screening.Screened:
         """Training replies fit to aggregate (``kept``), and the others with why: the
@@ -479,7 +491,7 @@ class FedpersStrategy(Strategy):
         if not self.current_shared or len(counted) < 2:
             return screened
         norms = [
-            screening.update_norm(screening.arrays_of(reply), self.current_shared)
+            screening.update_norm(screening.arrays_of(reply), self.sent_to(reply))
             for reply in counted
         ]
         bound, beyond = screening.norm_outliers(norms, self.run.update_cap)

@@ -50,11 +50,8 @@ class FedMTL(FedpersStrategy):
         """To each sampled client the mean of the other sampled models and ``m``."""
         self.tasks = _tasks(arrays)
         sampled = self.sample(server_round)
-        config[protocol.ROUND] = server_round
+        self.round_config(server_round, config)
         config[TASKS] = len(sampled)
-        if protocol.LR in config:
-            base_lr = records.number(config[protocol.LR], protocol.LR)
-            config[protocol.LR] = base_lr * self.lr_factor(server_round)
         models = [self.tasks[p] for p in sampled]
         reference = _mean(models)
         contents = {}
@@ -67,12 +64,18 @@ class FedMTL(FedpersStrategy):
             )
             sent = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in mean.items()})
             contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
-        # Replies are models of the sampled clients: screened against their mean.
+        # Replies are models of the sampled clients, each screened against its own model
+        # as the round began (``sent_to``); their mean stands for them elsewhere.
         self.current_shared = reference
         self.sent_arrays = screening.array_specs(
             ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in reference.items()})
         )
         return contents
+
+    def sent_to(self, reply: Message) -> dict[str, np.ndarray]:
+        """A reply's update is the change of its client's own model this round."""
+        partition = self.federation.partition(reply)
+        return self.tasks.get(partition, self.current_shared)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

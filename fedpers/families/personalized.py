@@ -205,6 +205,32 @@ class PFedMeSettings:
         positive("pfedme-beta", self.pfedme_beta)
 
 
+@dataclass(frozen=True)
+class ClusteredFLSettings:
+    """The split criteria of Clustered FL (the row `clustered-fl`)."""
+
+    HEADING: ClassVar[str] = "clustered-fl"
+
+    clustered_fl_eps1: float = setting(
+        0.4,
+        "Clustered FL: a cluster may split only when the norm of its clients' mean update "
+        "is below eps1 (near a stationary point of the cluster's objective; FedEM's 0.4)",
+    )
+    clustered_fl_eps2: float = setting(
+        1.6,
+        "Clustered FL: ... and the largest norm of its clients' updates is above eps2 "
+        "(some client is far from one; FedEM's 1.6)",
+    )
+    clustered_fl_max_clusters: int = setting(
+        8, "Clustered FL: the most clusters a run may hold (the state keeps a model for each)"
+    )
+
+    def check(self) -> None:
+        at_least("clustered-fl-eps1", self.clustered_fl_eps1, 0.0)
+        at_least("clustered-fl-eps2", self.clustered_fl_eps2, 0.0)
+        at_least("clustered-fl-max-clusters", self.clustered_fl_max_clusters, 1)
+
+
 # SCAFFOLD's control variates travel beside the model, each under its parameter's name
 # with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
 CONTROL = "control."
@@ -214,6 +240,10 @@ AGGREGATE = "aggregate"
 # message's config; the server keeps every client's model under this prefix.
 TASKS = "tasks"
 TASK = "task."
+# Clustered FL: the server's state is a model per cluster under this prefix and each
+# seen client's cluster (float64, one entry per partition) under ASSIGNMENT.
+CLUSTER = "cluster."
+ASSIGNMENT = "clusters.assignment"
 
 
 def is_control(name: str) -> bool:
@@ -227,6 +257,7 @@ _OWN_SERVER_STEP = {
     L2GDSettings: "whose server tracks the mean of all personal models",
     FedMTLSettings: "whose server keeps and relays every personal model",
     PFedMeSettings: "whose server steps by pfedme-beta from the last global model",
+    ClusteredFLSettings: "whose server keeps a model per cluster",
 }
 
 

@@ -91,8 +91,10 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
 # client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
+# Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
 @pytest.mark.parametrize(
-    "algorithm", ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl", "pfedme"]
+    "algorithm",
+    ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl", "pfedme", "clustered-fl"],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
     # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
