@@ -18,10 +18,12 @@ pytestmark = pytest.mark.flower
 def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
-    assert set(final) == {"fedgmm", "fedem", "fedavg", "fedprox", "fedavg-plus", "local"}
+    baselines = ("fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme")
+    assert set(final) == {"fedgmm", "fedem", "local", *baselines}
     assert final["fedgmm"] >= final["fedem"] + 0.05
-    for global_model in ("fedavg", "fedprox", "fedavg-plus"):
-        assert final["fedgmm"] >= final[global_model] + 0.15
+    # quick form, 2026-12-04: Clustered FL 53.25 % (4 clusters), pFedMe 58.52 %
+    for baseline in baselines:
+        assert final["fedgmm"] >= final[baseline] + 0.15
     # FedProx's mu = 0.001 is near FedAvg; adapting before the test helps on this data
     # (quick form, 2026-12-04: 49.77 / 49.73 / 52.39 %).
     assert abs(final["fedprox"] - final["fedavg"]) <= 0.05
