@@ -43,6 +43,7 @@ from fedpers.families.personalized import (
     PFedMeSettings,
     ScaffoldSettings,
 )
+from fedpers.families.sheaf import FedProtoSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -390,6 +391,15 @@ _BUILT_IN = (
         strategy="fedpers.strategies.peer_relay:PeerRelay",
         client=_SHEAF_CLIENT,
         paper="Sheaf-FRL, 2026",
+    ),
+    AlgorithmSpec(
+        name="fedproto",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="fedpers.strategies.fedproto:FedProto",
+        client="fedpers.clients.fedproto:FedProtoClient",
+        settings=(FedProtoSettings,),
+        paper="Tan et al., AAAI 2022",
     ),
     AlgorithmSpec(
         name="non-cooperative",

@@ -83,6 +83,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
+    # FedProto: class prototypes and their counts (weights) come back, no model
+    "fedproto": {"algorithm": "fedproto", "dataset": "digits", "sheaf_latent_dims": "8,8,8,8"},
 }
 PHASES = (MessageType.TRAIN, MessageType.EVALUATE)
 TIMEOUT = 5.0

@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from flwr.app import ConfigRecord
@@ -97,6 +97,22 @@ class SheafSettings:
                 raise ConfigError(f"run-config key '{key}' = '{text}' must be positive.")
 
 
+@dataclass(frozen=True)
+class FedProtoSettings:
+    """The prototype regularizer of FedProto (the row `fedproto`)."""
+
+    HEADING: ClassVar[str] = "fedproto"
+
+    fedproto_lambda: float = setting(
+        1.0,
+        "FedProto: weight of the mean squared distance of each training latent to its "
+        "class's global prototype, added to the cross-entropy (the paper's ld, 1)",
+    )
+
+    def check(self) -> None:
+        at_least("fedproto-lambda", self.fedproto_lambda, 0.0)
+
+
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
@@ -138,6 +154,8 @@ LABELS = "labels"  # the labels of those test samples
 TRANSPORTED = "transported"  # pilots transported into a neighbour's coordinates
 MAP = "map"  # an edge's restriction map, relayed from the endpoint that computed it
 NEIGHBOURS = "neighbours"  # query.transport: the agent's neighbours (int64 array)
+PROTOTYPES = "prototypes"  # FedProto: class prototypes (classes x d), both ways
+PROTOTYPE_COUNTS = "prototype-counts"  # FedProto: the samples behind each prototype
 
 
 class SheafQuery(StrEnum):
@@ -263,6 +281,12 @@ def check_agents(run: RunConfig) -> None:
     if run.num_clients < 2:
         raise ConfigError("Sheaf-FRL needs num-clients >= 2 agents on a graph.")
     dims = {spec.latent for spec in run_agent_specs(run)}
+    if FedProtoSettings in run.spec.settings and len(dims) > 1:
+        raise ConfigError(
+            f"algorithm '{run.algorithm}' averages class prototypes of the agents' latents, "
+            f"which needs equal latent dimensions, found {sorted(dims)}: set "
+            "'sheaf-latent-dims' to one value per agent, all equal."
+        )
     if values.sheaf_variant != SheafVariant.HETEROGENEOUS and len(dims) > 1:
         raise ConfigError(
             f"run-config key 'sheaf-variant' = '{values.sheaf_variant}' needs equal latent "

@@ -92,9 +92,20 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
 # client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
 # Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
+# FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
 @pytest.mark.parametrize(
     "algorithm",
-    ["fedrep", "sheaf-frl", "scaffold", "apfl", "l2gd", "fed-mtl", "pfedme", "clustered-fl"],
+    [
+        "fedrep",
+        "sheaf-frl",
+        "scaffold",
+        "apfl",
+        "l2gd",
+        "fed-mtl",
+        "pfedme",
+        "clustered-fl",
+        "fedproto",
+    ],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
     # Prepare: the same run straight, and interrupted in round 3 (every node fails, so
@@ -107,6 +118,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: s
         "num_clients": 10,
         "client_state_dir": str(tmp_path / "s"),
     }
+    if algorithm == "fedproto":  # prototypes need one latent dimension
+        state["sheaf_latent_dims"] = ",".join(["8"] * 10)
     straight = _serve(tmp_path / "a", **state)
     values = run_config(**{**SETTINGS, **state, "results_dir": str(tmp_path), "run_name": "run"})
     with pytest.raises(RoundFailedError):

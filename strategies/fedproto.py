@@ -1,0 +1,112 @@
+"""FedProto's server (Tan et al., AAAI 2022, Algorithm 1; the agents are
+``clients/fedproto.py``): it holds no model, only the global prototypes. Each round
+every agent is sent them, and they become, for each class ``j``, the mean of the kept
+replies' prototypes weighted by the samples behind each,
+
+    C_bar^j = sum_i n_i^j C_i^j / sum_i n_i^j,
+
+a class no reply holds keeping none (count 0). The counts are bounded as weights are:
+their sum must be the reply's ``num-examples``, which its node's registered size caps
+(the counts scale with the cap). A reply's prototypes may be at most
+``screening.HUGE`` times the largest global prototype sent (at least 1). After the last
+round the agents are aligned on the pilots and their communication accuracy measured,
+as Sheaf-FRL's are (``PeerRelay.final_test``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers import protocol, records
+from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
+from fedpers.strategies import screening
+from fedpers.strategies.base import _mean_metrics
+from fedpers.strategies.peer_relay import PeerRelay
+
+
+class FedProto(PeerRelay):
+    """Global class prototypes, averaged from the agents' by their class counts."""
+
+    cooperative = False
+
+    def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
+        """No prototype yet: zeros, each held by 0 samples (the state keeps one shape)."""
+        (classes, d), _ = self.expected_arrays()[PROTOTYPES]
+        return ArrayRecord(
+            {
+                PROTOTYPES: Array(np.zeros((classes, d), dtype=np.float32)),
+                PROTOTYPE_COUNTS: Array(np.zeros(classes, dtype=np.float64)),
+            }
+        )
+
+    def train_contents(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> dict[int, RecordDict]:
+        """Every agent the global prototypes (all counts 0 before the first round)."""
+        self.round_config(server_round, config)
+        self.current_shared = {k: records.values(v) for k, v in arrays.items()}
+        contents = {}
+        for agent in self.agents:
+            record = ArrayRecord(
+                {k: Array(np.ascontiguousarray(v)) for k, v in self.current_shared.items()}
+            )
+            self._count(server_round, record.count_bytes())
+            contents[agent] = RecordDict(
+                {protocol.ARRAYS: record, protocol.CONFIG: ConfigRecord(dict(config))}
+            )
+        return contents
+
+    def expected_arrays(self) -> dict[str, screening.ArraySpec]:
+        """Prototypes (classes x d, float32) and their counts (classes, float64)."""
+        classes, d = self.run.num_classes, self.dims[0]
+        return {
+            PROTOTYPES: ((classes, d), "float32"),
+            PROTOTYPE_COUNTS: ((classes,), "float64"),
+        }
+
+    def checks(self) -> list[screening.Check]:
+        return [*super().checks(), self.counts_check]
+
+    def counts_check(self, reply: Message) -> str | None:
+        """Counts are non-negative whole numbers summing to the reply's weight."""
+        counts = screening.arrays_of(reply)[PROTOTYPE_COUNTS]
+        if np.any(counts < 0) or np.any(counts != np.round(counts)):
+            return "prototype counts are not non-negative whole numbers"
+        claimed = screening.num_examples(reply)
+        if not np.isclose(counts.sum(), claimed):
+            return f"prototype counts sum to {counts.sum():.6g}, not num-examples {claimed:.6g}"
+        return None
+
+    def scaled_arrays(self) -> tuple[str, ...]:
+        """The counts are sums over the reply's samples: they scale with a capped weight."""
+        return (PROTOTYPE_COUNTS,)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The count-weighted mean prototype of every class."""
+        valid = list(replies)
+        for reply in valid:
+            for arrays in reply.content.array_records.values():
+                self._count(server_round, arrays.count_bytes())
+        valid = [r for r in valid if screening.num_examples(r) > 0]
+        if not valid:
+            return None, None
+        total = np.zeros(self.expected_arrays()[PROTOTYPES][0])
+        counts = np.zeros(self.run.num_classes)
+        for reply in valid:
+            sent = screening.arrays_of(reply)
+            total += sent[PROTOTYPE_COUNTS][:, None] * sent[PROTOTYPES].astype(np.float64)
+            counts += sent[PROTOTYPE_COUNTS]
+        means = total / np.maximum(counts, 1.0)[:, None]
+        record = ArrayRecord(
+            {
+                PROTOTYPES: Array(np.ascontiguousarray(means.astype(np.float32))),
+                PROTOTYPE_COUNTS: Array(np.ascontiguousarray(counts)),
+            }
+        )
+        return record, _mean_metrics([r.content for r in valid])
