@@ -9,8 +9,9 @@ a class no reply holds keeping none (count 0). The counts are bounded as weights
 their sum must be the reply's ``num-examples``, which its node's registered size caps
 (the counts scale with the cap). A reply's prototypes may be at most
 ``screening.HUGE`` times the largest global prototype sent (at least 1). After the last
-round the agents are aligned on the pilots and their communication accuracy measured,
-as Sheaf-FRL's are (``PeerRelay.final_test``).
+round the agents are aligned and their communication accuracy measured
+(``PeerRelay.final_test``), whitened on their training latents as the paper's baselines
+are and on the pilots as Sheaf-FRL is.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
+from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
 from fedpers.strategies.base import _mean_metrics
@@ -32,6 +34,9 @@ class FedProto(PeerRelay):
     """Global class prototypes, averaged from the agents' by their class counts."""
 
     cooperative = False
+    # Aligned after training as the paper's baselines are (whitened on the training
+    # latents) and as Sheaf-FRL is (on the pilots).
+    whitening_modes = (sheaf_family.Whitening.TRAIN, sheaf_family.Whitening.PILOTS)
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """No prototype yet: zeros, each held by 0 samples (the state keeps one shape)."""
