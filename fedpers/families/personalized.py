@@ -164,11 +164,14 @@ class FedMTLSettings:
 
     HEADING: ClassVar[str] = "fed-mtl"
 
+    # Chosen on validation (docs/reproducing.md): 0.001 of {1e-6 (the FedRep authors'
+    # 10^-(digits of the parameter count + 1)), 1e-3, 1e-2, 1e-1}, FedRep's Table 1
+    # setting, seeds 0-2; the first three tie within noise.
     fed_mtl_lambda: float = setting(
-        1e-6,
+        0.001,
         "Fed-MTL: the weight c of c (||W||_F^2 + tr(W Omega W^T)), W the round's sampled "
         "personal models as columns and Omega = I - 11^T/m, added to every local step's "
-        "loss (the FedRep authors' 10^-(digits of the parameter count + 1))",
+        "loss",
     )
 
     def check(self) -> None:
