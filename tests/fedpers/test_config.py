@@ -62,7 +62,8 @@ def test_defaults_parse_and_round_trip() -> None:
         ({"joint-shift": True}, "'joint-shift' = true needs an image data set"),
         (
             {"unseen-fraction": 0.2},
-            "needs an algorithm that can serve unseen clients (fedavg, fedavg-plus, fedem, fedgmm, fedprox)",
+            "needs an algorithm that can serve unseen clients "
+            "(fedavg, fedavg-plus, fedem, fedgmm, fedprox)",
         ),
         ({"algorithm": "fedgmm", "gmm-embedding": "resnet18"}, "needs 'gmm-encoder-weights'"),
         (
