@@ -32,7 +32,7 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import APFLSettings
-from fedpers.models import load_part_arrays, part_arrays
+from fedpers.models import part_arrays
 from fedpers.training import SGD, dropout_stream, evaluate
 
 STATE_ALPHA = "fedpers.apfl.alpha"  # this client's mixing weight, in context.state
@@ -48,10 +48,7 @@ class APFLClient(PersonalizedClient):
         settings = run.group(APFLSettings)
         self.adaptive = settings.apfl_adaptive
         # v starts as the seeded initial model, which is also the server's w^0.
-        self.personal_model = copy.deepcopy(self.model)
-        stored = state.get(protocol.STATE_PERSONAL)
-        if isinstance(stored, ArrayRecord):
-            load_part_arrays(self.personal_model, {k: records.values(v) for k, v in stored.items()})
+        self.personal_model = self.kept_model()
         self.alpha = settings.apfl_alpha
         kept = state.get(STATE_ALPHA)
         if isinstance(kept, ArrayRecord) and ALPHA in kept:
@@ -103,9 +100,7 @@ class APFLClient(PersonalizedClient):
         for p in (*w_params, *v_params):
             p.grad = None
         self.alpha = float(alpha)
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {k: Array(a) for k, a in part_arrays(v_model, protocol.MODEL_PARTS).items()}
-        )
+        self.keep(v_model)
         self.state[STATE_ALPHA] = ArrayRecord({ALPHA: Array(np.array([self.alpha]))})
         metrics = {
             protocol.NUM_EXAMPLES: float(len(y)),

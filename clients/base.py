@@ -12,6 +12,7 @@ different rows; FedProx(+FT) adds its proximal term (``penalty``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from functools import cached_property
 from typing import NamedTuple
@@ -219,6 +220,20 @@ class PersonalizedClient(TorchClient):
         }
 
     # ------------------------------------------------------------------- helpers
+    def kept_model(self) -> torch.nn.Module:
+        """A whole personal model kept on the device (Ditto's and APFL's v, L2GD's x_i,
+        Fed-MTL's w_i, pFedMe's theta): what ``keep`` stored last, else the seeded
+        initial model."""
+        model = copy.deepcopy(self.model)
+        stored = self.state.get(protocol.STATE_PERSONAL)
+        if isinstance(stored, ArrayRecord):
+            load_part_arrays(model, {k: records.values(v) for k, v in stored.items()})
+        return model
+
+    def keep(self, model: torch.nn.Module) -> None:
+        """Store a whole personal model in ``context.state`` (``kept_model`` reads it)."""
+        self.state[protocol.STATE_PERSONAL] = _to_record(part_arrays(model, protocol.MODEL_PARTS))
+
     def load_shared(self, arrays: Arrays) -> None:
         """Load the server's shared parts; exactly the expected arrays must be there."""
         expected = set(part_arrays(self.model, self.shared))

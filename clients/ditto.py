@@ -9,17 +9,14 @@ global update itself is plain local SGD. Clients are evaluated with ``v``.
 
 from __future__ import annotations
 
-import copy
-
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from fedpers import protocol
 from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import DittoSettings
-from fedpers.models import load_part_arrays, part_arrays
 from fedpers.training import evaluate, train
 
 
@@ -29,10 +26,7 @@ class DittoClient(PersonalizedClient):
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
         # v starts as the seeded initial model, which is also the server's w^0.
-        self.personal_model = copy.deepcopy(self.model)
-        stored = state.get(protocol.STATE_PERSONAL)
-        if isinstance(stored, ArrayRecord):
-            load_part_arrays(self.personal_model, {k: v.numpy() for k, v in stored.items()})
+        self.personal_model = self.kept_model()
         self.lam = run.group(DittoSettings).ditto_lambda
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
@@ -57,9 +51,7 @@ class DittoClient(PersonalizedClient):
             augment=self.augment,
             penalty=proximal,
         )
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {k: Array(a) for k, a in part_arrays(v, protocol.MODEL_PARTS).items()}
-        )
+        self.keep(v)
         return reply, metrics
 
     def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:

@@ -30,17 +30,15 @@ only whole blocks of 4,000 parameters (here 12,000 of the MLP's 14,154).
 
 from __future__ import annotations
 
-import copy
-
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol, records
+from fedpers import protocol
 from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import TASKS, FedMTLSettings
-from fedpers.models import load_part_arrays, part_arrays
+from fedpers.models import part_arrays
 from fedpers.training import evaluate, train
 
 
@@ -50,10 +48,7 @@ class FedMTLClient(PersonalizedClient):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.personal_model = copy.deepcopy(self.model)
-        stored = state.get(protocol.STATE_PERSONAL)
-        if isinstance(stored, ArrayRecord):
-            load_part_arrays(self.personal_model, {k: records.values(v) for k, v in stored.items()})
+        self.personal_model = self.kept_model()
         self.c = run.group(FedMTLSettings).fed_mtl_lambda
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
@@ -83,8 +78,8 @@ class FedMTLClient(PersonalizedClient):
             augment=self.augment,
             penalty=regularizer if c > 0 else None,
         )
+        self.keep(self.personal_model)
         kept = part_arrays(self.personal_model, protocol.MODEL_PARTS)
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord({k: Array(a) for k, a in kept.items()})
         metrics = {protocol.NUM_EXAMPLES: float(len(y))}
         if stats.steps:
             metrics[protocol.LOSS] = stats.loss

@@ -22,13 +22,11 @@ are tested with ``x_i``.
 
 from __future__ import annotations
 
-import copy
 import math
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol, records
+from fedpers import protocol
 from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
@@ -43,10 +41,7 @@ class L2GDClient(PersonalizedClient):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.personal_model = copy.deepcopy(self.model)
-        stored = state.get(protocol.STATE_PERSONAL)
-        if isinstance(stored, ArrayRecord):
-            load_part_arrays(self.personal_model, {k: records.values(v) for k, v in stored.items()})
+        self.personal_model = self.kept_model()
         self.settings = run.group(L2GDSettings)
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
@@ -76,9 +71,7 @@ class L2GDClient(PersonalizedClient):
             )
             loss = stats.loss if stats.steps else loss
             after = part_arrays(model, protocol.MODEL_PARTS)
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(a)) for k, a in after.items()}
-        )
+        self.keep(model)
         reply = {
             name: (arrays[name] + (after[name] - before[name])).astype(arrays[name].dtype)
             for name in arrays

@@ -19,13 +19,11 @@ in ``context.state`` and tested; a client not yet sampled holds the initial mode
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol, records
+from fedpers import protocol
 from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
@@ -39,10 +37,7 @@ class PFedMeClient(PersonalizedClient):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.personal_model = copy.deepcopy(self.model)
-        stored = state.get(protocol.STATE_PERSONAL)
-        if isinstance(stored, ArrayRecord):
-            load_part_arrays(self.personal_model, {k: records.values(v) for k, v in stored.items()})
+        self.personal_model = self.kept_model()
         self.settings = run.group(PFedMeSettings)
 
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
@@ -82,9 +77,7 @@ class PFedMeClient(PersonalizedClient):
         with torch.no_grad():
             for p, wi in zip(self.model.parameters(), w, strict=True):
                 p.copy_(wi)
-        self.state[protocol.STATE_PERSONAL] = ArrayRecord(
-            {k: Array(a) for k, a in part_arrays(theta_model, protocol.MODEL_PARTS).items()}
-        )
+        self.keep(theta_model)
         metrics = {protocol.NUM_EXAMPLES: float(len(y))}
         if seen:
             metrics[protocol.LOSS] = loss_sum / seen  # of theta, on the last inner step
