@@ -608,6 +608,18 @@ class FedpersStrategy(Strategy):
         )
 
 
+def step_toward(
+    reference: dict[str, np.ndarray], target: dict[str, np.ndarray], step: Callable[[str], float]
+) -> dict[str, np.ndarray]:
+    """``x + step(name) (target - x)`` for every array ``x`` of ``reference`` (in float64,
+    returned in its dtype): the server steps of SCAFFOLD, L2GD and pFedMe."""
+    moved = {}
+    for name, current in reference.items():
+        start = current.astype(np.float64)
+        moved[name] = (start + step(name) * (target[name] - start)).astype(current.dtype)
+    return moved
+
+
 def _count(value: float) -> str:
     """A sample count as a note shows it: whole numbers without a fraction."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"

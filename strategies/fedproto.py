@@ -94,11 +94,8 @@ class FedProto(PeerRelay):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The count-weighted mean prototype of every class."""
-        valid = list(replies)
-        for reply in valid:
-            for arrays in reply.content.array_records.values():
-                self._count(server_round, arrays.count_bytes())
-        valid = [r for r in valid if screening.num_examples(r) > 0]
+        counted = self._count_replies(server_round, replies)
+        valid = [r for r in counted if screening.num_examples(r) > 0]
         if not valid:
             return None, None
         total = np.zeros(self.expected_arrays()[PROTOTYPES][0])

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 
 from fedpers.families.personalized import AGGREGATE, L2GDSettings
 from fedpers.seeding import rng
-from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.base import FedpersStrategy, step_toward
 
 
 class L2GD(FedpersStrategy):
@@ -46,8 +46,4 @@ class L2GD(FedpersStrategy):
         """``x_bar + (|S| / n) (mean of the replies - x_bar)``, the mean unweighted."""
         mean = super().combine(arrays, [1.0] * len(arrays), reference)
         share = len(arrays) / len(self.seen)
-        combined = {}
-        for name, current in reference.items():
-            start = current.astype(np.float64)
-            combined[name] = (start + share * (mean[name] - start)).astype(current.dtype)
-        return combined
+        return step_toward(reference, mean, lambda _: share)

@@ -294,11 +294,16 @@ class PeerRelay(FedpersStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Nothing to aggregate but metrics (agents return no arrays)."""
+        valid = self._count_replies(server_round, replies)
+        return None, _mean_metrics([r.content for r in valid])
+
+    def _count_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The replies, their arrays' bytes added to the round's count."""
         valid = list(replies)
         for reply in valid:
             for arrays in reply.content.array_records.values():
                 self._count(server_round, arrays.count_bytes())
-        return None, _mean_metrics([r.content for r in valid])
+        return valid
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedpers.families.personalized import PFedMeSettings
-from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.base import FedpersStrategy, step_toward
 
 
 class PFedMe(FedpersStrategy):
@@ -27,8 +27,4 @@ class PFedMe(FedpersStrategy):
         """``w + beta (mean_S w_i - w)``, the mean unweighted."""
         mean = super().combine(arrays, [1.0] * len(arrays), reference)
         beta = self.run.group(PFedMeSettings).pfedme_beta
-        combined = {}
-        for name, current in reference.items():
-            start = current.astype(np.float64)
-            combined[name] = (start + beta * (mean[name] - start)).astype(current.dtype)
-        return combined
+        return step_toward(reference, mean, lambda _: beta)

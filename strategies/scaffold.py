@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedpers.families.personalized import ScaffoldSettings, is_control
-from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.base import FedpersStrategy, step_toward
 
 
 class Scaffold(FedpersStrategy):
@@ -35,12 +35,7 @@ class Scaffold(FedpersStrategy):
         mean = super().combine(arrays, [1.0] * len(arrays), reference)
         eta = self.run.group(ScaffoldSettings).scaffold_server_lr
         share = len(arrays) / len(self.seen)
-        combined = {}
-        for name, current in reference.items():
-            step = share if is_control(name) else eta
-            start = current.astype(np.float64)
-            combined[name] = (start + step * (mean[name] - start)).astype(current.dtype)
-        return combined
+        return step_toward(reference, mean, lambda name: share if is_control(name) else eta)
 
     def evaluate_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
