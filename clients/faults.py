@@ -9,7 +9,7 @@ the ClientApp at the points where a real faulty or hostile client would act:
   noisy, huge or inflated updates; bad mixture statistics);
 - ``on_wire``: break the reply message itself (bytes, serialization, metric types);
 - ``startup``: corrupt answers to start-up queries (round 0);
-- ``relay``: corrupt Sheaf-FRL pilots.
+- ``relay``: corrupt Sheaf-FRL pilots and Sheaf-FMTL projections.
 
 Empty (the default) injects nothing.
 """
@@ -180,13 +180,11 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
 
 
 def relay(run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays) -> Arrays:
-    """Corrupt Sheaf-FRL pilots (own or transported), if asked to in this round."""
+    """Corrupt what an agent relays to its neighbours, if asked to in this round:
+    Sheaf-FRL's pilots (own or transported), Sheaf-FMTL's projections."""
     active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
-    pilots = [
-        k
-        for k in arrays
-        if k == sheaf_family.PILOTS or k.startswith(sheaf_family.TRANSPORTED + ".")
-    ]
+    relayed = (sheaf_family.TRANSPORTED + ".", sheaf_family.PROJECTION + ".")
+    pilots = [k for k in arrays if k == sheaf_family.PILOTS or k.startswith(relayed)]
     if fault := active.get("pilots-scale"):
         arrays = {**arrays, **{k: arrays[k] * _value(fault) for k in pilots}}
     if "pilots-nan" in active:

@@ -43,7 +43,7 @@ from fedpers.families.personalized import (
     PFedMeSettings,
     ScaffoldSettings,
 )
-from fedpers.families.sheaf import FedProtoSettings
+from fedpers.families.sheaf import FedProtoSettings, SheafFMTLSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -400,6 +400,15 @@ _BUILT_IN = (
         client="fedpers.clients.fedproto:FedProtoClient",
         settings=(FedProtoSettings,),
         paper="Tan et al., AAAI 2022",
+    ),
+    AlgorithmSpec(
+        name="sheaf-fmtl",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="fedpers.strategies.sheaf_fmtl:SheafFMTL",
+        client="fedpers.clients.sheaf_fmtl:SheafFMTLClient",
+        settings=(SheafFMTLSettings,),
+        paper="Ben Issaid et al., 2025",
     ),
     AlgorithmSpec(
         name="non-cooperative",

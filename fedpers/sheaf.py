@@ -76,6 +76,29 @@ def agent_specs(
     ]
 
 
+def parameter_count(spec: AgentSpec, dataset: str, num_classes: int) -> int:
+    """Trainable parameters of ``fedpers.models.agents.build_agent(spec, dataset, ...)``,
+    counted without torch (a server sizes Sheaf-FMTL's messages from it).
+
+    Digits: Linear(64, h), Linear(h, d). MNIST: Conv3x3(1, h) + BatchNorm(h),
+    Conv3x3(h, d) + BatchNorm(d). Head: Linear(d, hh), Linear(hh, classes).
+    """
+    h, d, hh = spec.hidden, spec.latent, spec.head_hidden
+    if dataset == "digits":
+        body = 64 * h + h + h * d + d
+    elif dataset == "mnist":
+        body = (9 * h + h) + 2 * h + (9 * h * d + d) + 2 * d
+    else:
+        raise ValueError(f"no Sheaf-FRL agent for dataset '{dataset}'")
+    return body + d * hh + hh + hh * num_classes + num_classes
+
+
+def interaction_dim(count_i: int, count_j: int, gamma: float) -> int:
+    """Sheaf-FMTL's edge stalk: ``floor(gamma min(n_i, n_j))`` dimensions (at least 1)
+    for agents of ``n_i`` and ``n_j`` parameters (Ben Issaid et al. 2025)."""
+    return max(1, int(gamma * min(count_i, count_j)))
+
+
 def target_classes(count: int, num_classes: int, seed: int) -> list[frozenset[int]]:
     """Each agent's target classes: 3 or 4 (alternating), drawn from the seed."""
     from fedpers.seeding import rng

@@ -92,17 +92,20 @@ class PeerRelay(FedpersStrategy):
         contents: dict[int, RecordDict],
         server_round: int,
         expected: Callable[[int], dict[str, screening.ArraySpec]],
+        *,
+        vote: bool = True,
     ) -> dict[int, dict[str, np.ndarray]]:
         """Send each agent its content; return the decoded arrays of every agent whose
         reply is what ``expected(agent)`` says, whitened as pilots are (``screening.
         pilots_defect``). An agent that fails, or sends anything else, is recorded as
         the round's rejection and its neighbours get nothing from it this round; bytes
-        of everything exchanged are counted."""
+        of everything exchanged are counted. With ``vote`` the first exchange sets the
+        number of pilots (``_agreed_rows``); exchanges without pilots pass False."""
         exchange = self.federation.exchange(grid, message_type, contents, timeout=self.timeout)
         for record in [*contents.values(), *exchange.ok().values()]:
             for arrays in record.array_records.values():
                 self._count(server_round, arrays.count_bytes())
-        if not self.pilot_count:
+        if vote and not self.pilot_count:
             self.pilot_count = _agreed_rows(exchange.ok().values(), asked=len(contents))
             if not self.pilot_count:
                 no_vote = (

@@ -1,4 +1,5 @@
-"""The sheaf family: Sheaf-FRL and its non-cooperative baseline. No shared model.
+"""The sheaf family: Sheaf-FRL, its non-cooperative baseline, FedProto and Sheaf-FMTL.
+No shared model.
 
 Agents with different architectures and latent dimensions sit on a graph; each keeps
 its whole model on the device and aligns its latent space with its neighbours' through
@@ -27,7 +28,14 @@ from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary
 from fedpers.protocol import FinalTestResult
 from fedpers.results import final_mean
 from fedpers.settings import ConfigError, at_least, int_list, positive, setting, within
-from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, target_classes
+from fedpers.sheaf import (
+    AgentSpec,
+    agent_specs,
+    class_overlap_graph,
+    interaction_dim,
+    parameter_count,
+    target_classes,
+)
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
@@ -113,6 +121,32 @@ class FedProtoSettings:
         at_least("fedproto-lambda", self.fedproto_lambda, 0.0)
 
 
+@dataclass(frozen=True)
+class SheafFMTLSettings:
+    """The restriction maps of Sheaf-FMTL between parameter spaces (the row `sheaf-fmtl`)."""
+
+    HEADING: ClassVar[str] = "sheaf-fmtl"
+
+    sheaf_fmtl_lambda: float = setting(
+        0.001,
+        "Sheaf-FMTL: weight of the sheaf penalty sum ||P_ij theta_i - P_ji theta_j||^2 "
+        "over an agent's edges (the authors' 0.001)",
+    )
+    sheaf_fmtl_gamma: float = setting(
+        0.01,
+        "Sheaf-FMTL: an edge's interaction space has floor(gamma x the smaller agent's "
+        "parameter count) dimensions (the authors' 0.01)",
+    )
+    sheaf_fmtl_map_lr: float = setting(
+        1e-4, "Sheaf-FMTL: step size eta of the restriction maps (the authors' 1e-4)"
+    )
+
+    def check(self) -> None:
+        at_least("sheaf-fmtl-lambda", self.sheaf_fmtl_lambda, 0.0)
+        within("sheaf-fmtl-gamma", self.sheaf_fmtl_gamma, "(0, 1]")
+        at_least("sheaf-fmtl-map-lr", self.sheaf_fmtl_map_lr, 0.0)
+
+
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
@@ -132,6 +166,21 @@ def run_agent_specs(run: RunConfig) -> list[AgentSpec]:
         latent_dims=int_list(values.sheaf_latent_dims) or None,
         hidden=int_list(values.sheaf_hidden) or None,
     )
+
+
+def parameter_counts(run: RunConfig) -> list[int]:
+    """Each agent's number of trainable parameters (no torch needed)."""
+    return [parameter_count(spec, run.dataset, run.num_classes) for spec in run_agent_specs(run)]
+
+
+def interaction_dims(run: RunConfig) -> dict[tuple[int, int], int]:
+    """Sheaf-FMTL: the interaction-space dimension of each edge, both orientations."""
+    counts = parameter_counts(run)
+    gamma = run.group(SheafFMTLSettings).sheaf_fmtl_gamma
+    dims = {}
+    for a, b in run_graph(run):
+        dims[a, b] = dims[b, a] = interaction_dim(counts[a], counts[b], gamma)
+    return dims
 
 
 def run_graph(run: RunConfig) -> list[tuple[int, int]]:
@@ -156,6 +205,7 @@ MAP = "map"  # an edge's restriction map, relayed from the endpoint that compute
 NEIGHBOURS = "neighbours"  # query.transport: the agent's neighbours (int64 array)
 PROTOTYPES = "prototypes"  # FedProto: class prototypes (classes x d), both ways
 PROTOTYPE_COUNTS = "prototype-counts"  # FedProto: the samples behind each prototype
+PROJECTION = "projection"  # Sheaf-FMTL: P_ij theta_i, an agent's parameters on an edge
 
 
 class SheafQuery(StrEnum):
@@ -165,12 +215,14 @@ class SheafQuery(StrEnum):
     MAPS = "maps"  # edge owners' maps -> transported pilots (homogeneous variant)
     TRANSPORT = "transport"  # pilots transported to each neighbour (private variant)
     LATENTS = "latents"  # whitened test latents, for communication accuracy
+    PROJECTIONS = "projections"  # Sheaf-FMTL: P_ij theta_i for each neighbour j
 
 
 QUERY_PILOTS = protocol.query_type(SheafQuery.PILOTS)
 QUERY_MAPS = protocol.query_type(SheafQuery.MAPS)
 QUERY_TRANSPORT = protocol.query_type(SheafQuery.TRANSPORT)
 QUERY_LATENTS = protocol.query_type(SheafQuery.LATENTS)
+QUERY_PROJECTIONS = protocol.query_type(SheafQuery.PROJECTIONS)
 
 
 def edge_metric(sender: int) -> str:
@@ -230,6 +282,21 @@ class PilotAgent(Protocol):
         ...
 
 
+@runtime_checkable
+class ProjectionAgent(Protocol):
+    """A Sheaf-FMTL agent's relay query."""
+
+    def projections_message(self, config: ConfigRecord) -> Arrays:
+        """Its parameters through each incident restriction map, ``P_ij theta_i``."""
+        ...
+
+
+def _projections(
+    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
+) -> tuple[Arrays, Metrics]:
+    return client.projections_message(config), {}
+
+
 def _pilots(
     client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
 ) -> tuple[Arrays, Metrics]:
@@ -287,10 +354,33 @@ def check_agents(run: RunConfig) -> None:
             f"which needs equal latent dimensions, found {sorted(dims)}: set "
             "'sheaf-latent-dims' to one value per agent, all equal."
         )
+    if SheafFMTLSettings in run.spec.settings:
+        check_map_memory(run)
     if values.sheaf_variant != SheafVariant.HETEROGENEOUS and len(dims) > 1:
         raise ConfigError(
             f"run-config key 'sheaf-variant' = '{values.sheaf_variant}' needs equal latent "
             f"dimensions, found {sorted(dims)}; set 'sheaf-latent-dims' or use 'heterogeneous'."
+        )
+
+
+MAP_BYTES_LIMIT = 2**30  # the restriction maps one Sheaf-FMTL agent may hold (float32)
+
+
+def check_map_memory(run: RunConfig) -> None:
+    """Sheaf-FMTL's maps ``P_ij`` are ``d_ij x n_i`` floats per edge: refuse a run whose
+    largest agent would hold more than ``MAP_BYTES_LIMIT`` of them, before anything
+    starts (the parameter spaces' size is the method's known cost)."""
+    counts = parameter_counts(run)
+    held = [0] * run.num_clients
+    for (i, _), d in interaction_dims(run).items():
+        held[i] += 4 * d * counts[i]
+    largest = max(range(run.num_clients), key=lambda agent: held[agent])
+    if held[largest] > MAP_BYTES_LIMIT:
+        raise ConfigError(
+            f"Sheaf-FMTL's restriction maps of agent {largest} ({counts[largest]} "
+            f"parameters) would take {held[largest] / 2**30:.1f} GiB, more than "
+            f"{MAP_BYTES_LIMIT / 2**30:.0f} GiB: lower 'sheaf-fmtl-gamma' (now "
+            f"{run.group(SheafFMTLSettings).sheaf_fmtl_gamma}) or the agents' widths."
         )
 
 
@@ -355,6 +445,13 @@ FAMILY = families.register(
                 "Sheaf-FRL (private): own pilots in each neighbour's frame",
             ),
             QuerySpec(
+                SheafQuery.PROJECTIONS,
+                ProjectionAgent,
+                _projections,
+                Faults.RELAY,
+                "Sheaf-FMTL: the agent's parameters through each incident restriction map",
+            ),
+            QuerySpec(
                 SheafQuery.LATENTS,
                 PilotAgent,
                 _latents,
@@ -373,6 +470,9 @@ FAMILY = families.register(
             TRANSPORTED,
             MAP,
             NEIGHBOURS,
+            PROTOTYPES,
+            PROTOTYPE_COUNTS,
+            PROJECTION,
         ),
     )
 )

@@ -93,6 +93,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
 # Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
 # FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
+# Sheaf-FMTL: each agent's model and restriction maps in its snapshot, nothing on the server.
 @pytest.mark.parametrize(
     "algorithm",
     [
@@ -105,6 +106,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
         "pfedme",
         "clustered-fl",
         "fedproto",
+        "sheaf-fmtl",
     ],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
