@@ -9,7 +9,7 @@ the ClientApp at the points where a real faulty or hostile client would act:
   noisy, huge or inflated updates; bad mixture statistics);
 - ``on_wire``: break the reply message itself (bytes, serialization, metric types);
 - ``startup``: corrupt answers to start-up queries (round 0);
-- ``relay``: corrupt Sheaf-FRL pilots and Sheaf-FMTL projections.
+- ``relay``: corrupt what Sheaf-FRL, Sheaf-FMTL and FedMuscle agents relay.
 
 Empty (the default) injects nothing.
 """
@@ -181,10 +181,12 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
 
 def relay(run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays) -> Arrays:
     """Corrupt what an agent relays to its neighbours, if asked to in this round:
-    Sheaf-FRL's pilots (own or transported), Sheaf-FMTL's projections."""
+    Sheaf-FRL's pilots (own or transported), Sheaf-FMTL's projections, FedMuscle's
+    representations."""
     active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
     relayed = (sheaf_family.TRANSPORTED + ".", sheaf_family.PROJECTION + ".")
-    pilots = [k for k in arrays if k == sheaf_family.PILOTS or k.startswith(relayed)]
+    own = (sheaf_family.PILOTS, sheaf_family.REPRESENTATIONS)
+    pilots = [k for k in arrays if k in own or k.startswith(relayed)]
     if fault := active.get("pilots-scale"):
         arrays = {**arrays, **{k: arrays[k] * _value(fault) for k in pilots}}
     if "pilots-nan" in active:

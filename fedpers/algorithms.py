@@ -43,7 +43,7 @@ from fedpers.families.personalized import (
     PFedMeSettings,
     ScaffoldSettings,
 )
-from fedpers.families.sheaf import FedProtoSettings, SheafFMTLSettings
+from fedpers.families.sheaf import FedMuscleSettings, FedProtoSettings, SheafFMTLSettings
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -409,6 +409,15 @@ _BUILT_IN = (
         client="fedpers.clients.sheaf_fmtl:SheafFMTLClient",
         settings=(SheafFMTLSettings,),
         paper="Ben Issaid et al., 2025",
+    ),
+    AlgorithmSpec(
+        name="fedmuscle",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="fedpers.strategies.fedmuscle:FedMuscle",
+        client="fedpers.clients.fedmuscle:FedMuscleClient",
+        settings=(FedMuscleSettings,),
+        paper="Setayesh et al., ICLR 2026",
     ),
     AlgorithmSpec(
         name="non-cooperative",

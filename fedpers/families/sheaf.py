@@ -1,5 +1,5 @@
-"""The sheaf family: Sheaf-FRL, its non-cooperative baseline, FedProto and Sheaf-FMTL.
-No shared model.
+"""The sheaf family: Sheaf-FRL, its non-cooperative baseline, FedProto, Sheaf-FMTL and
+FedMuscle. No shared model.
 
 Agents with different architectures and latent dimensions sit on a graph; each keeps
 its whole model on the device and aligns its latent space with its neighbours' through
@@ -147,6 +147,32 @@ class SheafFMTLSettings:
         at_least("sheaf-fmtl-map-lr", self.sheaf_fmtl_map_lr, 0.0)
 
 
+@dataclass(frozen=True)
+class FedMuscleSettings:
+    """The Muscle loss of FedMuscle (the row `fedmuscle`)."""
+
+    HEADING: ClassVar[str] = "fedmuscle"
+
+    fedmuscle_tau: float = setting(
+        0.2,
+        "FedMuscle: temperature of the anchor's similarities to the other agents' "
+        "representations (the paper's tau^(N), 0.2)",
+    )
+    fedmuscle_tau_others: float = setting(
+        0.15,
+        "FedMuscle: temperature tau^(N-1) among the other agents' representations, which "
+        "weighs each negative tuple (the paper's 0.15; unused with two agents)",
+    )
+    fedmuscle_others: int = setting(
+        3, "FedMuscle: other agents M whose representations an agent is sent each round"
+    )
+
+    def check(self) -> None:
+        positive("fedmuscle-tau", self.fedmuscle_tau)
+        positive("fedmuscle-tau-others", self.fedmuscle_tau_others)
+        at_least("fedmuscle-others", self.fedmuscle_others, 1)
+
+
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
@@ -206,6 +232,7 @@ NEIGHBOURS = "neighbours"  # query.transport: the agent's neighbours (int64 arra
 PROTOTYPES = "prototypes"  # FedProto: class prototypes (classes x d), both ways
 PROTOTYPE_COUNTS = "prototype-counts"  # FedProto: the samples behind each prototype
 PROJECTION = "projection"  # Sheaf-FMTL: P_ij theta_i, an agent's parameters on an edge
+REPRESENTATIONS = "representations"  # FedMuscle: unit-norm latents of the round's pilots
 
 
 class SheafQuery(StrEnum):
@@ -216,6 +243,7 @@ class SheafQuery(StrEnum):
     TRANSPORT = "transport"  # pilots transported to each neighbour (private variant)
     LATENTS = "latents"  # whitened test latents, for communication accuracy
     PROJECTIONS = "projections"  # Sheaf-FMTL: P_ij theta_i for each neighbour j
+    REPRESENTATIONS = "representations"  # FedMuscle: unit-norm latents of a pilot batch
 
 
 QUERY_PILOTS = protocol.query_type(SheafQuery.PILOTS)
@@ -223,6 +251,7 @@ QUERY_MAPS = protocol.query_type(SheafQuery.MAPS)
 QUERY_TRANSPORT = protocol.query_type(SheafQuery.TRANSPORT)
 QUERY_LATENTS = protocol.query_type(SheafQuery.LATENTS)
 QUERY_PROJECTIONS = protocol.query_type(SheafQuery.PROJECTIONS)
+QUERY_REPRESENTATIONS = protocol.query_type(SheafQuery.REPRESENTATIONS)
 
 
 def edge_metric(sender: int) -> str:
@@ -291,6 +320,21 @@ class ProjectionAgent(Protocol):
         ...
 
 
+@runtime_checkable
+class RepresentationAgent(Protocol):
+    """A FedMuscle agent's relay query."""
+
+    def representations_message(self, config: ConfigRecord) -> Arrays:
+        """Its unit-norm latents of the round's pilot batch."""
+        ...
+
+
+def _representations(
+    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
+) -> tuple[Arrays, Metrics]:
+    return client.representations_message(config), {}
+
+
 def _projections(
     client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
 ) -> tuple[Arrays, Metrics]:
@@ -354,12 +398,36 @@ def check_agents(run: RunConfig) -> None:
             f"which needs equal latent dimensions, found {sorted(dims)}: set "
             "'sheaf-latent-dims' to one value per agent, all equal."
         )
+    if FedMuscleSettings in run.spec.settings:
+        check_muscle(run, dims)
     if SheafFMTLSettings in run.spec.settings:
         check_map_memory(run)
     if values.sheaf_variant != SheafVariant.HETEROGENEOUS and len(dims) > 1:
         raise ConfigError(
             f"run-config key 'sheaf-variant' = '{values.sheaf_variant}' needs equal latent "
             f"dimensions, found {sorted(dims)}; set 'sheaf-latent-dims' or use 'heterogeneous'."
+        )
+
+
+MUSCLE_TUPLES_LIMIT = 2**26  # logits of one FedMuscle step: batch^(others + 1)
+
+
+def check_muscle(run: RunConfig, dims: set[int]) -> None:
+    """FedMuscle compares latents across agents (one dimension), and its loss sums over
+    every tuple of the other agents' pilots: at most ``MUSCLE_TUPLES_LIMIT`` of them."""
+    if len(dims) > 1:
+        raise ConfigError(
+            f"algorithm '{run.algorithm}' compares the agents' latents directly, which needs "
+            f"equal latent dimensions, found {sorted(dims)}: set 'sheaf-latent-dims' to one "
+            "value per agent, all equal."
+        )
+    others = min(run.group(FedMuscleSettings).fedmuscle_others, run.num_clients - 1)
+    batch = settings(run).sheaf_pilot_batch
+    if batch ** (others + 1) > MUSCLE_TUPLES_LIMIT:
+        raise ConfigError(
+            f"FedMuscle's loss with 'sheaf-pilot-batch' = {batch} and {others} other agents "
+            f"sums {batch}^{others + 1} terms per step, more than {MUSCLE_TUPLES_LIMIT}: "
+            "lower 'fedmuscle-others' or 'sheaf-pilot-batch'."
         )
 
 
@@ -452,6 +520,13 @@ FAMILY = families.register(
                 "Sheaf-FMTL: the agent's parameters through each incident restriction map",
             ),
             QuerySpec(
+                SheafQuery.REPRESENTATIONS,
+                RepresentationAgent,
+                _representations,
+                Faults.RELAY,
+                "FedMuscle: the agent's unit-norm latents of the round's pilot batch",
+            ),
+            QuerySpec(
                 SheafQuery.LATENTS,
                 PilotAgent,
                 _latents,
@@ -473,6 +548,7 @@ FAMILY = families.register(
             PROTOTYPES,
             PROTOTYPE_COUNTS,
             PROJECTION,
+            REPRESENTATIONS,
         ),
     )
 )

@@ -94,6 +94,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
 # FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
 # Sheaf-FMTL: each agent's model and restriction maps in its snapshot, nothing on the server.
+# FedMuscle: the agents in their snapshots; the round's pilot batch and draws from the seed.
 @pytest.mark.parametrize(
     "algorithm",
     [
@@ -107,6 +108,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
         "clustered-fl",
         "fedproto",
         "sheaf-fmtl",
+        "fedmuscle",
     ],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
@@ -120,7 +122,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: s
         "num_clients": 10,
         "client_state_dir": str(tmp_path / "s"),
     }
-    if algorithm == "fedproto":  # prototypes need one latent dimension
+    if algorithm in {"fedproto", "fedmuscle"}:  # they need one latent dimension
         state["sheaf_latent_dims"] = ",".join(["8"] * 10)
     straight = _serve(tmp_path / "a", **state)
     values = run_config(**{**SETTINGS, **state, "results_dir": str(tmp_path), "run_name": "run"})
