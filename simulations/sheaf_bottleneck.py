@@ -4,7 +4,9 @@
 
 Two agents with different encoders (MLPs 64-64-d and 64-160-d) on one edge, s = 0.9,
 the same latent dimension d for both, swept over 2, 4, 8, 16, 32, 64; Sheaf-FRL against
-the non-cooperative baselines, every value the mean over the seeds. Each agent holds
+the non-cooperative baselines, Sheaf-FMTL, FedProto and FedMuscle (``--baselines``;
+each aligned after training as the lambda = 0 baseline is), every value the mean over
+the seeds. Each agent holds
 about 700 training samples; one local epoch per round, 60 rounds. lambda = 3, chosen
 on the agents' validation splits at d = 8 over seeds 0-2 by ``simulations.tune``
 (``--key sheaf-lambda --metric communication_accuracy.pilots --run-config
@@ -23,11 +25,22 @@ import sys
 from typing import Any
 
 from fedpers.simulations.flags import add_key_flags, output_parser, settings
-from fedpers.simulations.sheaf_common import TRAINING, report, run_grid
+from fedpers.simulations.sheaf_common import (
+    TRAINING,
+    add_baselines_flag,
+    baselines_of,
+    report,
+    run_grid,
+)
 
 DIMENSIONS = (2, 4, 8, 16, 32, 64)
 LAMBDA = 3.0  # chosen on validation: see the module docstring
 
+BASELINES = (
+    "sheaf-fmtl",
+    "fedproto",
+    "fedmuscle",
+)  # the other rows of the family the figure compares
 
 SETTINGS: dict[str, Any] = {
     **TRAINING,
@@ -59,7 +72,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="latent dimensions d to sweep (run-config key 'sheaf-latent-dims' = d,d; "
         "default: %(default)s; with --quick: 8)",
     )
+    add_baselines_flag(parser, BASELINES)
     args = parser.parse_args(argv)
+    baselines = baselines_of(parser, args)
     try:
         dims = [int(d) for d in args.dims.split(",") if d.strip()]
     except ValueError:
@@ -67,7 +82,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         dims = [8]
     values = settings(args, SETTINGS, QUICK)
-    result = run_grid(args, values, dims, lambda d: {"sheaf-latent-dims": f"{d},{d}"}, "d")
+    result = run_grid(
+        args, values, dims, lambda d: {"sheaf-latent-dims": f"{d},{d}"}, "d", baselines
+    )
     title = f"Sheaf-FRL bottleneck, 2 agents, s = 0.9, lambda {values['sheaf-lambda']}"
     table = report(args.out, result, dims, "d", title)
     print(f"\n{table}\nresults: {args.out}")

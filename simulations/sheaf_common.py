@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,17 @@ from fedpers.simulations.tables import (
     write_summary,
 )
 
+TRAINED = ("sheaf-frl", "non-cooperative")  # the algorithms every script trains
 METHODS = ("sheaf-frl", "non-cooperative", "non-cooperative-pilots")
+PILOTS = "-pilots"  # a baseline's row aligned on the pilots (the plain row: training latents)
+
+
+def methods(baselines: Sequence[str] = ()) -> tuple[str, ...]:
+    """The rows of a figure: Sheaf-FRL, and each baseline aligned after training with
+    whitening fitted on training latents (the paper's; the row named after the
+    algorithm) and on the pilots (``<algorithm>-pilots``)."""
+    return (*METHODS, *(f"{b}{suffix}" for b in baselines for suffix in ("", PILOTS)))
+
 
 # Local training of the paper's experiment (Section 6): SGD lr 0.05, momentum 0.9,
 # weight decay 5e-4, batch 64, gradients clipped at norm 1, K = 64 pilots per step.
@@ -39,14 +49,45 @@ TRAINING: dict[str, Any] = {
 }
 
 
+def add_baselines_flag(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """``--baselines``: the other rows of the sheaf family a script trains beside
+    Sheaf-FRL and the lambda = 0 baseline."""
+    parser.add_argument(
+        "--baselines",
+        default=",".join(default),
+        help="comma-separated algorithms of the sheaf family to train as well, each "
+        "aligned after training like the lambda = 0 baseline (default: %(default)s; "
+        "empty: none)",
+    )
+
+
+def baselines_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The ``--baselines`` asked for, each checked to be a row of the sheaf family."""
+    from fedpers.algorithms import all_specs
+
+    known = [
+        spec.name for spec in all_specs() if spec.family == "sheaf" and spec.name not in TRAINED
+    ]
+    asked = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    unknown = [b for b in asked if b not in known]
+    if unknown:
+        parser.error(
+            f"--baselines: {', '.join(unknown)} is not a baseline of the sheaf family; "
+            f"choose from: {', '.join(known)}"
+        )
+    return asked
+
+
 def run_grid(
     args: argparse.Namespace,
     values: dict[str, Any],
     swept: list[Any],
     overrides: Callable[[Any], dict[str, Any]],
     label: str,
+    baselines: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Train Sheaf-FRL and the lambda = 0 baseline for every swept value and seed.
+    """Train Sheaf-FRL, the lambda = 0 baseline and ``baselines`` (other rows of the
+    sheaf family, aligned after training) for every swept value and seed.
 
     Returns the summary ``{"private_accuracy": {METHOD: {V: mean over seeds}},
     "communication_accuracy": {...}, "bytes_per_round": {METHOD: v}}``, each accuracy
@@ -55,14 +96,15 @@ def run_grid(
     ``client_p10`` (its 10th percentile over agents).
     ``non-cooperative`` and ``non-cooperative-pilots`` are the same trained models,
     aligned after training with whitening fitted on training latents (the paper's
-    baseline) or on the pilots (as Sheaf-FRL does).
+    baseline) or on the pilots (as Sheaf-FRL does); so are each baseline's two rows.
+    ``methods`` lists the rows.
     """
     seeds = seeds_of(args)
     runs, keys = [], []
     root = args.out.expanduser().resolve() / "runs"
     for value in swept:
         for seed in seeds:
-            for algorithm in ("sheaf-frl", "non-cooperative"):
+            for algorithm in (*TRAINED, *baselines):
                 keys.append((value, seed, algorithm))
                 runs.append(
                     {
@@ -79,7 +121,7 @@ def run_grid(
     prepare_output(args.out, overwrite=args.overwrite)
     with LocalSimulation() as simulation:
         directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
-    result = _grid_summary(keys, directories, seeds, values)
+    result = _grid_summary(keys, directories, seeds, values, baselines)
     write_summary(args.out.expanduser().resolve(), result)
     return result
 
@@ -89,13 +131,15 @@ def _grid_summary(
     directories: list[Path],
     seeds: list[int],
     values: dict[str, Any],
+    baselines: Sequence[str],
 ) -> dict[str, Any]:
     """The summary of ``run_grid`` from its runs (``keys[i]`` = (value, seed,
     algorithm) of ``directories[i]``)."""
-    private: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
-    communication: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
-    bytes_per_round: dict[str, list[float]] = {m: [] for m in METHODS}
-    agents: dict[str, dict[str, dict[str, float]]] = {"sheaf-frl": {}, "non-cooperative": {}}
+    rows = methods(baselines)
+    private: dict[str, dict[str, list[float]]] = {m: {} for m in rows}
+    communication: dict[str, dict[str, list[float]]] = {m: {} for m in rows}
+    bytes_per_round: dict[str, list[float]] = {m: [] for m in rows}
+    agents: dict[str, dict[str, dict[str, float]]] = {a: {} for a in (*TRAINED, *baselines)}
     for (value, seed, algorithm), directory in zip(keys, directories, strict=True):
         summary = read_summary(directory)
         if seed == seeds[0]:
@@ -104,16 +148,13 @@ def _grid_summary(
         entries = (
             [("sheaf-frl", reached["pilots"])]
             if algorithm == "sheaf-frl"
-            else [
-                ("non-cooperative", reached["train"]),
-                ("non-cooperative-pilots", reached["pilots"]),
-            ]
+            else [(algorithm, reached["train"]), (algorithm + PILOTS, reached["pilots"])]
         )
         for method, comm in entries:
             private[method].setdefault(str(value), []).append(summary["private_accuracy"])
             communication[method].setdefault(str(value), []).append(comm)
             bytes_per_round[method].append(summary["bytes_per_round"])
-    result: dict[str, Any] = {"seeds": seeds}
+    result: dict[str, Any] = {"seeds": seeds, "methods": list(rows)}
     add_statistics(result, "private_accuracy", private)
     add_statistics(result, "communication_accuracy", communication)
     result["bytes_per_round"] = {m: float(np.mean(v)) for m, v in bytes_per_round.items()}
@@ -130,7 +171,7 @@ def _grid_summary(
 def report(out: Path, result: dict[str, Any], values: list[Any], label: str, title: str) -> str:
     """Write DIR/table.md and DIR/accuracy.png; return the table."""
     rows = []
-    for method in METHODS:
+    for method in result["methods"]:
         rows.append(
             (
                 method,
@@ -152,7 +193,7 @@ def report(out: Path, result: dict[str, Any], values: list[Any], label: str, tit
         ["method", *[f"comm {label}={v}: 95% interval" for v in values]],
         [
             (m, *[interval(result["communication_accuracy_ci95"][m][str(v)]) for v in values])
-            for m in METHODS
+            for m in result["methods"]
         ],
     )
     out = out.expanduser().resolve()
@@ -177,7 +218,7 @@ def _plot(path: Path, result: dict[str, Any], values: list[Any], label: str, tit
         ("private", "communication"),
         strict=True,
     ):
-        for method in METHODS:
+        for method in result["methods"]:
             means = np.array([100 * result[metric][method][str(v)] for v in values])
             spread = np.nan_to_num(
                 np.array([100 * result[f"{metric}_std"][method][str(v)] for v in values])
