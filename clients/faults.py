@@ -182,10 +182,10 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
 def relay(run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays) -> Arrays:
     """Corrupt what an agent relays to its neighbours, if asked to in this round:
     Sheaf-FRL's pilots (own or transported), Sheaf-FMTL's projections, FedMuscle's
-    representations."""
+    representations, CoMFed's prototypes."""
     active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
     relayed = (sheaf_family.TRANSPORTED + ".", sheaf_family.PROJECTION + ".")
-    own = (sheaf_family.PILOTS, sheaf_family.REPRESENTATIONS)
+    own = (sheaf_family.PILOTS, sheaf_family.REPRESENTATIONS, sheaf_family.PROTOTYPES)
     pilots = [k for k in arrays if k in own or k.startswith(relayed)]
     if fault := active.get("pilots-scale"):
         arrays = {**arrays, **{k: arrays[k] * _value(fault) for k in pilots}}

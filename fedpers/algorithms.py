@@ -43,7 +43,12 @@ from fedpers.families.personalized import (
     PFedMeSettings,
     ScaffoldSettings,
 )
-from fedpers.families.sheaf import FedMuscleSettings, FedProtoSettings, SheafFMTLSettings
+from fedpers.families.sheaf import (
+    ComFedSettings,
+    FedMuscleSettings,
+    FedProtoSettings,
+    SheafFMTLSettings,
+)
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS, MODEL_PARTS
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
@@ -418,6 +423,15 @@ _BUILT_IN = (
         client="fedpers.clients.fedmuscle:FedMuscleClient",
         settings=(FedMuscleSettings,),
         paper="Setayesh et al., ICLR 2026",
+    ),
+    AlgorithmSpec(
+        name="comfed",
+        family=Family.SHEAF,
+        shared=(),
+        strategy="fedpers.strategies.comfed:ComFed",
+        client="fedpers.clients.comfed:ComFedClient",
+        settings=(ComFedSettings,),
+        paper="Badi et al., IEEE WCL 2026",
     ),
     AlgorithmSpec(
         name="non-cooperative",

@@ -4,9 +4,9 @@
 
 Two agents with different encoders (MLPs 64-64-d and 64-160-d) on one edge, s = 0.9,
 the same latent dimension d for both, swept over 2, 4, 8, 16, 32, 64; Sheaf-FRL against
-the non-cooperative baselines, Sheaf-FMTL, FedProto and FedMuscle (``--baselines``;
-each aligned after training as the lambda = 0 baseline is), every value the mean over
-the seeds. Each agent holds
+the non-cooperative baselines, Sheaf-FMTL, FedProto, FedMuscle and CoMFed
+(``--baselines``; each aligned after training as the lambda = 0 baseline is, CoMFed's
+plain row through its own learned maps), every value the mean over the seeds. Each agent holds
 about 700 training samples; one local epoch per round, 60 rounds. lambda = 3, chosen
 on the agents' validation splits at d = 8 over seeds 0-2 by ``simulations.tune``
 (``--key sheaf-lambda --metric communication_accuracy.pilots --run-config
@@ -36,11 +36,8 @@ from fedpers.simulations.sheaf_common import (
 DIMENSIONS = (2, 4, 8, 16, 32, 64)
 LAMBDA = 3.0  # chosen on validation: see the module docstring
 
-BASELINES = (
-    "sheaf-fmtl",
-    "fedproto",
-    "fedmuscle",
-)  # the other rows of the family the figure compares
+# the other rows of the family the figure compares
+BASELINES = ("sheaf-fmtl", "fedproto", "fedmuscle", "comfed")
 
 SETTINGS: dict[str, Any] = {
     **TRAINING,

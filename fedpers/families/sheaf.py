@@ -1,5 +1,5 @@
-"""The sheaf family: Sheaf-FRL, its non-cooperative baseline, FedProto, Sheaf-FMTL and
-FedMuscle. No shared model.
+"""The sheaf family: Sheaf-FRL, its non-cooperative baseline, FedProto, Sheaf-FMTL,
+FedMuscle and CoMFed. No shared model.
 
 Agents with different architectures and latent dimensions sit on a graph; each keeps
 its whole model on the device and aligns its latent space with its neighbours' through
@@ -57,6 +57,7 @@ class Whitening(StrEnum):
 
     PILOTS = "pilots"  # Sheaf-FRL's: the pilots' own statistics
     TRAIN = "train"  # the paper's baseline: statistics of the training latents
+    PROJECTION = "projection"  # CoMFed's own maps, no whitening: P_i z out, pinv(P_j) in
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,31 @@ class FedMuscleSettings:
         at_least("fedmuscle-others", self.fedmuscle_others, 1)
 
 
+@dataclass(frozen=True)
+class ComFedSettings:
+    """The latent-space consensus of CoMFed (the row `comfed`)."""
+
+    HEADING: ClassVar[str] = "comfed"
+
+    comfed_lambda: float = setting(
+        0.4,
+        "CoMFed: weight of the squared distance of each projected class prototype to its "
+        "neighbours' mean, added to the cross-entropy (the paper's 0.4)",
+    )
+    comfed_dim: int = setting(
+        0, "CoMFed: dimension d of the shared latent space (0: the smallest latent dimension)"
+    )
+
+    def check(self) -> None:
+        at_least("comfed-lambda", self.comfed_lambda, 0.0)
+        at_least("comfed-dim", self.comfed_dim, 0)
+
+
+def comfed_dim(run: RunConfig) -> int:
+    """CoMFed's shared dimension: as set, or the smallest latent dimension."""
+    return run.group(ComFedSettings).comfed_dim or min(s.latent for s in run_agent_specs(run))
+
+
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
@@ -244,6 +270,7 @@ class SheafQuery(StrEnum):
     LATENTS = "latents"  # whitened test latents, for communication accuracy
     PROJECTIONS = "projections"  # Sheaf-FMTL: P_ij theta_i for each neighbour j
     REPRESENTATIONS = "representations"  # FedMuscle: unit-norm latents of a pilot batch
+    PROTOTYPES = "prototypes"  # CoMFed: projected class prototypes and their counts
 
 
 QUERY_PILOTS = protocol.query_type(SheafQuery.PILOTS)
@@ -252,6 +279,7 @@ QUERY_TRANSPORT = protocol.query_type(SheafQuery.TRANSPORT)
 QUERY_LATENTS = protocol.query_type(SheafQuery.LATENTS)
 QUERY_PROJECTIONS = protocol.query_type(SheafQuery.PROJECTIONS)
 QUERY_REPRESENTATIONS = protocol.query_type(SheafQuery.REPRESENTATIONS)
+QUERY_PROTOTYPES = protocol.query_type(SheafQuery.PROTOTYPES)
 
 
 def edge_metric(sender: int) -> str:
@@ -333,6 +361,21 @@ def _representations(
     client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
 ) -> tuple[Arrays, Metrics]:
     return client.representations_message(config), {}
+
+
+@runtime_checkable
+class PrototypeAgent(Protocol):
+    """A CoMFed agent's relay query."""
+
+    def prototypes_message(self, config: ConfigRecord) -> Arrays:
+        """Its projected class prototypes ``P_i v_bar_m`` and the samples behind each."""
+        ...
+
+
+def _prototypes(
+    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
+) -> tuple[Arrays, Metrics]:
+    return client.prototypes_message(config), {}
 
 
 def _projections(
@@ -525,6 +568,13 @@ FAMILY = families.register(
                 _representations,
                 Faults.RELAY,
                 "FedMuscle: the agent's unit-norm latents of the round's pilot batch",
+            ),
+            QuerySpec(
+                SheafQuery.PROTOTYPES,
+                PrototypeAgent,
+                _prototypes,
+                Faults.RELAY,
+                "CoMFed: the agent's class prototypes through its projection",
             ),
             QuerySpec(
                 SheafQuery.LATENTS,

@@ -19,12 +19,13 @@ METHODS = {"sheaf-frl", "non-cooperative", "non-cooperative-pilots"}
 FMTL = {"sheaf-fmtl", "sheaf-fmtl-pilots"}
 FEDPROTO = {"fedproto", "fedproto-pilots"}
 FEDMUSCLE = {"fedmuscle", "fedmuscle-pilots"}
+COMFED = {"comfed", "comfed-pilots"}
 
 
 def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = sheaf_shift.main(["--out", str(tmp_path), "--quick"])
     private, communication = summary["private_accuracy"], summary["communication_accuracy"]
-    assert set(private) == set(communication) == METHODS | FMTL
+    assert set(private) == set(communication) == METHODS | FMTL | COMFED
     assert set(private["sheaf-frl"]) == {"0.9"}
     # The pilot-fitted whitening alone is worth many points over the paper's baseline.
     assert communication["sheaf-frl"]["0.9"] >= communication["non-cooperative"]["0.9"] + 0.08
@@ -33,7 +34,7 @@ def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) ->
     assert summary["bytes_per_round"]["non-cooperative"] == 0
     # Sheaf-FMTL relays one small vector per edge and direction, both ways
     assert 0 < summary["bytes_per_round"]["sheaf-fmtl"] < summary["bytes_per_round"]["sheaf-frl"]
-    for method in FMTL:
+    for method in FMTL | COMFED:
         assert 0 <= communication[method]["0.9"] <= 1
         assert 0.5 <= private[method]["0.9"] <= 1  # trains like the others (10 classes)
     agents = summary["per_client"]["sheaf-frl"]["0.9"]
@@ -54,8 +55,8 @@ def test_bottleneck_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     # the paper-scale claims (+15 at d = 8 and 16) are for the full 60-round run.
     assert communication["sheaf-frl"]["8"] >= communication["non-cooperative"]["8"] + 0.04
     assert private["sheaf-frl"]["8"] >= private["non-cooperative"]["8"] - 0.03
-    assert set(communication) == METHODS | FMTL | FEDPROTO | FEDMUSCLE
-    for method in FMTL | FEDPROTO | FEDMUSCLE:
+    assert set(communication) == METHODS | FMTL | FEDPROTO | FEDMUSCLE | COMFED
+    for method in FMTL | FEDPROTO | FEDMUSCLE | COMFED:
         assert 0 <= communication[method]["8"] <= 1
         assert 0.5 <= private[method]["8"] <= 1
     table = (tmp_path / "table.md").read_text()

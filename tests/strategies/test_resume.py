@@ -95,6 +95,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
 # FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
 # Sheaf-FMTL: each agent's model and restriction maps in its snapshot, nothing on the server.
 # FedMuscle: the agents in their snapshots; the round's pilot batch and draws from the seed.
+# CoMFed: each agent's model and projection in its snapshot.
 @pytest.mark.parametrize(
     "algorithm",
     [
@@ -109,6 +110,7 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
         "fedproto",
         "sheaf-fmtl",
         "fedmuscle",
+        "comfed",
     ],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
