@@ -181,9 +181,9 @@ class ComFedSettings:
     HEADING: ClassVar[str] = "comfed"
 
     comfed_lambda: float = setting(
-        0.4,
+        0.01,
         "CoMFed: weight of the squared distance of each projected class prototype to its "
-        "neighbours' mean, added to the cross-entropy (the paper's 0.4)",
+        "neighbours' mean, added to the cross-entropy (chosen on validation; the paper's 0.4)",
     )
     comfed_dim: int = setting(
         0, "CoMFed: dimension d of the shared latent space (0: the smallest latent dimension)"
