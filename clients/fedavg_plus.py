@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+import torch
 from flwr.app import ConfigRecord
 
 from fedpers import protocol
@@ -38,15 +40,21 @@ class FedAvgPlusClient(PersonalizedClient):
                 self.run.seed,
                 self.partition_id,
             )
+        model = self.adapted(x_adapt, y_adapt, config)
+        return self._metrics(evaluate(model, self.tensor(x_test), self.tensor(y_test)))
+
+    def adapted(self, x: np.ndarray, y: np.ndarray, config: ConfigRecord) -> torch.nn.Module:
+        """A copy of the loaded model after the run's ``epochs`` on ``(x, y)``, at the
+        round's lr, its batch order drawn from the round (the model itself unchanged)."""
         model = copy.deepcopy(self.model)
         train(
             model,
-            self.tensor(x_adapt),
-            self.tensor(y_adapt),
+            self.tensor(x),
+            self.tensor(y),
             parts=protocol.MODEL_PARTS,
             epochs=self.run.epochs,
             settings=self.sgd_settings(config),
             generator=self.generator("adapt", config_int(config, protocol.ROUND, default=0)),
             augment=self.augment,
         )
-        return self._metrics(evaluate(model, self.tensor(x_test), self.tensor(y_test)))
+        return model

@@ -2,7 +2,7 @@
 
     python -m simulations.fedgmm_ood --out DIR [--quick] [--seeds 3] [--num-clients 50]
 
-FedGMM, FedEM and FedAvg train through Flower on untransformed digits (50 clients,
+FedGMM, FedEM, FedAvg and FedProx train through Flower on untransformed digits (50 clients,
 labels split with Dir(0.4), per-client 60/20/20 splits, FedGMM's Gaussians on a pooled
 PCA-16 embedding). Then every client's test samples (in-distribution) are scored
 against the same samples transformed (out-of-distribution): rotated by 90 degrees,
@@ -14,7 +14,12 @@ distribution", all from the final global model and the global mixture weights
   (``log p(x, y_hat)``; no label is needed at test time);
 - ``fedgmm-px``: ``log p(x)`` alone;
 - ``fedem``: the maximum of FedEM's mixture prediction (maximum softmax);
-- ``fedavg``: the maximum softmax of the global model.
+- ``fedavg``: the maximum softmax of the global model;
+- ``fedprox``: the same, of FedProx's global model (``fedprox-mu`` as in Table 1);
+- ``fedavg-plus``: the maximum softmax of each client's adapted copy of FedAvg's global
+  model on that client's samples. FedAvg+ trains exactly as FedAvg (the same run), and
+  adapts before every test: here, as before its final test, the run's ``epochs`` on the
+  client's training data.
 
 Reported with in-distribution as the positive class: AUROC, average precision and the
 maximum F1 over thresholds (scikit-learn). Flipped digits are reported but many digits
@@ -32,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
 
-from fedpers import gmm
+from fedpers import gmm, protocol
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.families import mixture as mixture_family
@@ -46,8 +51,8 @@ from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table, seeds_note, with_spread, write_summary
 
 TRANSFORMS = ("rot90", "invert", "flip")
-SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg")
-TRAINED = ("fedgmm", "fedem", "fedavg")
+SCORES = ("fedgmm", "fedgmm-px", "fedem", "fedavg", "fedprox", "fedavg-plus")
+TRAINED = ("fedgmm", "fedem", "fedavg", "fedprox")
 
 
 SETTINGS: dict[str, Any] = {
@@ -69,7 +74,7 @@ QUICK = {"num-clients": 20, "num-rounds": 8}  # AUROC 0.997+ on rot90 and invert
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train the three methods, score in- and out-of-distribution samples."""
+    """Train the four methods, score in- and out-of-distribution samples."""
     parser = output_parser(__doc__.split("\n\n")[0])
     add_key_flags(
         parser,
@@ -165,7 +170,7 @@ def score_all(
         for target, x in ((inside, clean), (outside, moved)):
             if len(x) == 0:
                 continue
-            for method, value in sample_scores(runs, x).items():
+            for method, value in sample_scores(runs, x, partition).items():
                 target[method].append(value)
     return (
         {m: np.concatenate(v) for m, v in inside.items()},
@@ -174,9 +179,10 @@ def score_all(
 
 
 def sample_scores(
-    runs: dict[str, tuple[RunConfig, dict[str, np.ndarray]]], x: np.ndarray
+    runs: dict[str, tuple[RunConfig, dict[str, np.ndarray]]], x: np.ndarray, partition: int
 ) -> dict[str, np.ndarray]:
-    """The four scores of samples ``x`` under the final global models."""
+    """The scores of samples ``x`` of client ``partition`` under the final global models
+    (FedAvg+: the client's adapted copy of FedAvg's)."""
     out = {}
     for method in ("fedgmm", "fedem"):
         config, arrays = runs[method]
@@ -192,15 +198,27 @@ def sample_scores(
             out["fedgmm-px"] = log_px
         else:
             out["fedem"] = probs.max(axis=1)
-    config, arrays = runs["fedavg"]
-    client = config.spec.client_class()(config, 0, RecordDict())
-    client.load_shared(arrays)
     import torch
 
-    with torch.no_grad():
-        client.model.eval()
-        logits = client.model(torch.from_numpy(x))
-        out["fedavg"] = torch.softmax(logits, dim=1).max(dim=1).values.numpy().astype(float)
+    from fedpers.clients.fedavg_plus import FedAvgPlusClient
+
+    def confidence(model: torch.nn.Module) -> np.ndarray:
+        with torch.no_grad():
+            model.eval()
+            logits = model(torch.from_numpy(x))
+            return torch.softmax(logits, dim=1).max(dim=1).values.numpy().astype(float)
+
+    for method in ("fedavg", "fedprox"):
+        config, arrays = runs[method]
+        client = config.spec.client_class()(config, 0, RecordDict())
+        client.load_shared(arrays)
+        out[method] = confidence(client.model)
+    config, arrays = runs["fedavg"]
+    plus = FedAvgPlusClient(config, partition, RecordDict())
+    plus.load_shared(arrays)
+    last = ConfigRecord({protocol.ROUND: config.num_rounds, protocol.LR: config.lr})
+    data = client_data(config, partition)
+    out["fedavg-plus"] = confidence(plus.adapted(data.x_train, data.y_train, last))
     return out
 
 

@@ -40,7 +40,18 @@ def test_ood_detection(tmp_path: Path, through_flower: list[tuple[Path, Path]]) 
         assert auroc[transform]["fedgmm"] > auroc[transform]["fedavg"]
     for metric in ("auroc", "ap", "max_f1"):
         assert set(summary[metric]) == {"rot90", "invert", "flip"}
-        assert set(summary[metric]["flip"]) == {"fedgmm", "fedgmm-px", "fedem", "fedavg"}
+        assert set(summary[metric]["flip"]) == {
+            "fedgmm",
+            "fedgmm-px",
+            "fedem",
+            "fedavg",
+            "fedprox",
+            "fedavg-plus",
+        }
+    for transform in ("rot90", "invert"):  # the global-model baselines score as FedAvg
+        for baseline in ("fedprox", "fedavg-plus"):
+            assert 0.3 <= auroc[transform][baseline] <= 1
+            assert auroc[transform]["fedgmm"] > auroc[transform][baseline]
     assert (tmp_path / "scores.png").stat().st_size > 1000
     assert_through_flower(through_flower, tmp_path)
 
