@@ -150,9 +150,13 @@ def sheaf_step(
     gradient = _clipped(lam * sum(p64[j].T @ g for j, g in gaps.items()), clip)
     theta = theta - lr * gradient
     updated = dict(maps)
+    theta_norm = float(np.linalg.norm(theta))
     for j, m in received.items():
         gap = p64[j] @ theta - m
-        updated[j] = (p64[j] - eta * _clipped(lam * np.outer(gap, theta), clip)).astype(np.float32)
+        # the gradient lam gap theta^T has norm lam ||gap|| ||theta||: no need to form it
+        norm = lam * float(np.linalg.norm(gap)) * theta_norm
+        scale = clip / norm if clip > 0 and norm > clip else 1.0
+        updated[j] = (p64[j] - np.outer((eta * lam * scale) * gap, theta)).astype(np.float32)
     return theta, updated, disagreement
 
 
