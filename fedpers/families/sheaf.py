@@ -172,6 +172,13 @@ class FedMuscleSettings:
         positive("fedmuscle-tau", self.fedmuscle_tau)
         positive("fedmuscle-tau-others", self.fedmuscle_tau_others)
         at_least("fedmuscle-others", self.fedmuscle_others, 1)
+        if not self.fedmuscle_tau_others < self.fedmuscle_tau:
+            raise ConfigError(
+                f"run-config key 'fedmuscle-tau-others' = {self.fedmuscle_tau_others} must be "
+                f"below 'fedmuscle-tau' = {self.fedmuscle_tau}: the Muscle loss weighs each "
+                "negative tuple by exp(-gamma ...), gamma = 1/tau-others - 1/tau, which must "
+                "be positive; lower 'fedmuscle-tau-others'."
+            )
 
 
 @dataclass(frozen=True)

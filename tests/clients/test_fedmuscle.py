@@ -174,5 +174,7 @@ def test_fedmuscle_needs_equal_latent_dimensions_and_a_loss_that_fits() -> None:
     base = {"algorithm": "fedmuscle", "dataset": "digits", "num-clients": 5}
     with pytest.raises(ConfigError, match="needs equal latent dimensions"):
         load_run_config({**base, "sheaf-latent-dims": "8,16,8,8,8"})
+    with pytest.raises(ConfigError, match="must be below 'fedmuscle-tau'"):
+        load_run_config({**base, "sheaf-latent-dims": "8,8,8,8,8", "fedmuscle-tau": 0.1})
     with pytest.raises(ConfigError, match="lower 'fedmuscle-others'"):
         load_run_config({**base, "sheaf-latent-dims": "8,8,8,8,8", "sheaf-pilot-batch": 128})
