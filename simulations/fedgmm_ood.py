@@ -202,7 +202,7 @@ def sample_scores(
 
     from fedpers.clients.fedavg_plus import FedAvgPlusClient
 
-    def confidence(model: torch.nn.Module) -> np.ndarray:
+    def max_softmax(model: torch.nn.Module) -> np.ndarray:
         with torch.no_grad():
             model.eval()
             logits = model(torch.from_numpy(x))
@@ -212,13 +212,13 @@ def sample_scores(
         config, arrays = runs[method]
         client = config.spec.client_class()(config, 0, RecordDict())
         client.load_shared(arrays)
-        out[method] = confidence(client.model)
+        out[method] = max_softmax(client.model)
     config, arrays = runs["fedavg"]
     plus = FedAvgPlusClient(config, partition, RecordDict())
     plus.load_shared(arrays)
     last = ConfigRecord({protocol.ROUND: config.num_rounds, protocol.LR: config.lr})
     data = client_data(config, partition)
-    out["fedavg-plus"] = confidence(plus.adapted(data.x_train, data.y_train, last))
+    out["fedavg-plus"] = max_softmax(plus.adapted(data.x_train, data.y_train, last))
     return out
 
 
