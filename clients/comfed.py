@@ -58,7 +58,7 @@ class ComFedClient(SheafClient):
     def _stored_projection(self) -> np.ndarray:
         record = self.state.get(STATE_PROJECTION)
         if isinstance(record, ArrayRecord):
-            return records.values(record["P"]).copy()
+            return records.values(record[STATE_PROJECTION]).copy()
         d, own = sheaf_family.comfed_dim(self.run), self.dims[self.partition_id]
         bound = np.sqrt(6.0 / (d + own))  # Xavier-uniform, as the Sheaf-FRL authors'
         generator = rng(self.run.seed, "comfed-projection", self.partition_id)
@@ -67,7 +67,7 @@ class ComFedClient(SheafClient):
     def save(self) -> None:
         super().save()
         self.state[STATE_PROJECTION] = ArrayRecord(
-            {"P": Array(self.projection.detach().cpu().numpy().copy())}
+            {STATE_PROJECTION: Array(self.projection.detach().cpu().numpy().copy())}
         )
 
     # -------------------------------------------------------------- exchanges
