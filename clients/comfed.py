@@ -74,13 +74,9 @@ class ComFedClient(SheafClient):
     def prototypes_message(self, config: ConfigRecord) -> Arrays:
         """``P_i v_bar_m`` for every class (float32, zeros where not held) and the
         training samples behind each (float64)."""
-        latents = self.raw_latents(self.data.x_train)
-        labels = self.data.y_train
-        classes = self.run.num_classes
-        counts = np.bincount(labels, minlength=classes).astype(np.float64)
-        sums = np.zeros((classes, latents.shape[1]))
-        np.add.at(sums, labels, latents)
-        means = sums / np.maximum(counts, 1.0)[:, None]
+        means, counts = sheaf.class_means(
+            self.raw_latents(self.data.x_train), self.data.y_train, self.run.num_classes
+        )
         projected = means @ self.projection.detach().cpu().numpy().astype(np.float64).T
         self.save()
         return {PROTOTYPES: projected.astype(np.float32), PROTOTYPE_COUNTS: counts}

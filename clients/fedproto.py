@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol
+from fedpers import protocol, sheaf
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.clients.sheaf import SheafClient
 from fedpers.config import RunConfig
@@ -92,11 +92,7 @@ class FedProtoClient(SheafClient):
     def prototypes(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean eval-mode latent of each class's training samples (zeros for a class
         this agent does not hold) and the samples behind each (float64)."""
-        latents = self.raw_latents(self.data.x_train)
-        labels = self.data.y_train
-        classes = self.run.num_classes
-        counts = np.bincount(labels, minlength=classes).astype(np.float64)
-        sums = np.zeros((classes, latents.shape[1]))
-        np.add.at(sums, labels, latents)
-        means = sums / np.maximum(counts, 1.0)[:, None]
+        means, counts = sheaf.class_means(
+            self.raw_latents(self.data.x_train), self.data.y_train, self.run.num_classes
+        )
         return means.astype(np.float32), counts

@@ -99,6 +99,17 @@ def interaction_dim(count_i: int, count_j: int, gamma: float) -> int:
     return max(1, int(gamma * min(count_i, count_j)))
 
 
+def class_means(
+    latents: np.ndarray, labels: np.ndarray, classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The mean latent of each class (zeros for a class without samples) and the samples
+    behind each (float64): FedProto's and CoMFed's class prototypes."""
+    counts = np.bincount(labels, minlength=classes).astype(np.float64)
+    sums = np.zeros((classes, latents.shape[1]))
+    np.add.at(sums, labels, latents)
+    return sums / np.maximum(counts, 1.0)[:, None], counts
+
+
 def target_classes(count: int, num_classes: int, seed: int) -> list[frozenset[int]]:
     """Each agent's target classes: 3 or 4 (alternating), drawn from the seed."""
     from fedpers.seeding import rng

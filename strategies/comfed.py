@@ -15,7 +15,7 @@ for the other baselines, aligned on the pilots.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
@@ -38,12 +38,12 @@ class ComFed(PeerRelay):
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid
     ) -> dict[int, dict[str, np.ndarray]]:
-        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in self.agents}
-        sent = self._exchange(
-            grid,
+        sent = self._ask(
             sheaf_family.QUERY_PROTOTYPES,
-            asked,
             server_round,
+            config,
+            grid,
+            self.agents,
             self._prototypes_spec,
             vote=False,
         )

@@ -17,7 +17,7 @@ are and on the pilots as Sheaf-FRL is.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
@@ -43,12 +43,12 @@ class FedMuscle(PeerRelay):
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid
     ) -> dict[int, dict[str, np.ndarray]]:
-        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in self.agents}
-        sent = self._exchange(
-            grid,
+        sent = self._ask(
             sheaf_family.QUERY_REPRESENTATIONS,
-            asked,
             server_round,
+            config,
+            grid,
+            self.agents,
             self._representations_spec,
         )
         return {

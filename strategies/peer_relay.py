@@ -191,13 +191,28 @@ class PeerRelay(FedpersStrategy):
             return self._relay_homogeneous(server_round, config, grid)
         return self._relay_private(server_round, grid)
 
+    def _ask(
+        self,
+        message_type: str,
+        server_round: int,
+        config: ConfigRecord,
+        grid: Grid,
+        agents: list[int],
+        expected: Callable[[int], dict[str, screening.ArraySpec]],
+        *,
+        vote: bool = True,
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """A relay query with the round's config to ``agents``: the decoded answers of
+        those that pass (``_exchange``)."""
+        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in agents}
+        return self._exchange(grid, message_type, asked, server_round, expected, vote=vote)
+
     def _ask_pilots(
         self, server_round: int, config: ConfigRecord, grid: Grid, agents: list[int]
     ) -> dict[int, dict[str, np.ndarray]]:
         """``query.pilots`` to ``agents``: the whitened pilots of those that pass."""
-        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in agents}
-        return self._exchange(
-            grid, sheaf_family.QUERY_PILOTS, asked, server_round, self._own_pilots
+        return self._ask(
+            sheaf_family.QUERY_PILOTS, server_round, config, grid, agents, self._own_pilots
         )
 
     def _own_pilots(self, agent: int) -> dict[str, screening.ArraySpec]:

@@ -16,7 +16,7 @@ is.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
@@ -40,12 +40,12 @@ class SheafFMTL(PeerRelay):
         self, server_round: int, config: ConfigRecord, grid: Grid
     ) -> dict[int, dict[str, np.ndarray]]:
         """Every agent's projection for ``j``, to ``j``, keyed by its sender."""
-        asked = {p: RecordDict({protocol.CONFIG: ConfigRecord(dict(config))}) for p in self.agents}
-        sent = self._exchange(
-            grid,
+        sent = self._ask(
             sheaf_family.QUERY_PROJECTIONS,
-            asked,
             server_round,
+            config,
+            grid,
+            self.agents,
             self._projections_spec,
             vote=False,
         )
