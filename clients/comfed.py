@@ -39,7 +39,7 @@ from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, ComFedSettings, Whitening
 from fedpers.seeding import rng
-from fedpers.training import SGD, dropout_stream
+from fedpers.training import SGD, dropout_stream, mini_batches
 
 STATE_PROJECTION = "comfed.projection"
 
@@ -110,27 +110,27 @@ class ComFedClient(SheafClient):
         loss_sum, consensus_sum, seen = 0.0, 0.0, 0
         self.model.train()
         with dropout_stream(generator, x.device.type):
-            for _ in range(config_int(config, protocol.EPOCHS) if len(y) else 0):
-                order = torch.randperm(len(y), generator=generator)
-                for start in range(0, len(y), settings.batch_size):
-                    index = order[start : start + settings.batch_size]
-                    xb, yb = x[index], y[index]
-                    z = self.model.body(xb)
-                    loss = F.cross_entropy(self.model.head(z), yb)
-                    consensus = self.consensus(z, yb, targets, known)
-                    if lam > 0 and consensus is not None:
-                        loss = loss + lam * consensus
-                        consensus_sum += float(consensus.detach()) * len(index)
-                    model_step.zero_grad()
-                    map_step.zero_grad()
-                    loss.backward()
-                    if clip > 0:
-                        torch.nn.utils.clip_grad_norm_(params, clip)
-                        torch.nn.utils.clip_grad_norm_([self.projection], clip)
-                    model_step.step()
-                    map_step.step()
-                    loss_sum += loss.item() * len(index)
-                    seen += len(index)
+            batches = mini_batches(
+                len(y), config_int(config, protocol.EPOCHS), settings.batch_size, generator
+            )
+            for index in batches:
+                xb, yb = x[index], y[index]
+                z = self.model.body(xb)
+                loss = F.cross_entropy(self.model.head(z), yb)
+                consensus = self.consensus(z, yb, targets, known)
+                if lam > 0 and consensus is not None:
+                    loss = loss + lam * consensus
+                    consensus_sum += float(consensus.detach()) * len(index)
+                model_step.zero_grad()
+                map_step.zero_grad()
+                loss.backward()
+                if clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, clip)
+                    torch.nn.utils.clip_grad_norm_([self.projection], clip)
+                model_step.step()
+                map_step.step()
+                loss_sum += loss.item() * len(index)
+                seen += len(index)
         model_step.zero_grad()
         map_step.zero_grad()
         self.save()

@@ -31,7 +31,7 @@ from fedpers.clients.sheaf import SheafClient
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, FedProtoSettings
-from fedpers.training import SGD, dropout_stream
+from fedpers.training import SGD, dropout_stream, mini_batches
 
 
 class FedProtoClient(SheafClient):
@@ -61,26 +61,26 @@ class FedProtoClient(SheafClient):
         loss_sum, seen = 0.0, 0
         self.model.train()
         with dropout_stream(generator, x.device.type):
-            for _ in range(config_int(config, protocol.EPOCHS) if len(y) else 0):
-                order = torch.randperm(len(y), generator=generator)
-                for start in range(0, len(y), settings.batch_size):
-                    index = order[start : start + settings.batch_size]
-                    xb, yb = x[index], y[index]
-                    z = self.model.body(xb)
-                    loss = F.cross_entropy(self.model.head(z), yb)
-                    mask = known[yb]
-                    if lam > 0 and bool(mask.any()):
-                        # nn.MSELoss over the batch: the mean over samples and entries,
-                        # samples of a class without a global prototype counted as 0
-                        apart = (z - targets[yb]).pow(2).mean(dim=1) * mask
-                        loss = loss + lam * apart.mean()
-                    optimizer.zero_grad()
-                    loss.backward()
-                    if clip > 0:
-                        torch.nn.utils.clip_grad_norm_(params, clip)
-                    optimizer.step()
-                    loss_sum += loss.item() * len(index)
-                    seen += len(index)
+            batches = mini_batches(
+                len(y), config_int(config, protocol.EPOCHS), settings.batch_size, generator
+            )
+            for index in batches:
+                xb, yb = x[index], y[index]
+                z = self.model.body(xb)
+                loss = F.cross_entropy(self.model.head(z), yb)
+                mask = known[yb]
+                if lam > 0 and bool(mask.any()):
+                    # nn.MSELoss over the batch: the mean over samples and entries,
+                    # samples of a class without a global prototype counted as 0
+                    apart = (z - targets[yb]).pow(2).mean(dim=1) * mask
+                    loss = loss + lam * apart.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                if clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, clip)
+                optimizer.step()
+                loss_sum += loss.item() * len(index)
+                seen += len(index)
         optimizer.zero_grad()
         self.save()
         prototypes, counts = self.prototypes()

@@ -140,6 +140,18 @@ def dropout_stream(generator: torch.Generator, device_type: str = "cpu") -> Iter
         yield
 
 
+def mini_batches(
+    count: int, epochs: int, batch_size: int, generator: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """The sample indices of every mini-batch of ``epochs`` passes over ``count``
+    samples, each pass in a fresh order from ``generator`` (drawn when the pass begins,
+    as ``train`` draws it); none without samples."""
+    for _ in range(epochs if count else 0):
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count, batch_size):
+            yield order[start : start + batch_size]
+
+
 def train(
     model: nn.Module,
     x: torch.Tensor,

@@ -20,6 +20,7 @@ from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, Whitening
+from tests.clients.test_fedproto import _no_dropout
 from tests.helpers import client_of, run_config
 
 AGENTS = {
@@ -38,12 +39,6 @@ AGENTS = {
     "comfed_lambda": 2.0,
     "comfed_dim": 4,
 }
-
-
-def _no_dropout(model: torch.nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
 
 
 def _oracle(
@@ -159,7 +154,7 @@ def test_a_receiver_decodes_through_the_pseudo_inverse_of_its_projection() -> No
 
 
 @pytest.mark.parametrize("kind", ["pilots-scale", "pilots-nan"])
-def test_bad_prototypes_are_not_relayed_or_move_an_agent_a_bounded_amount(kind: str) -> None:
+def test_nan_prototypes_are_not_relayed_and_scaled_ones_are(kind: str) -> None:
     from tests.strategies.test_robustness import FAULTY, _run
 
     left = {"num_clients", "fraction_train", "sheaf_latent_dims", "sheaf_hidden"}
@@ -169,5 +164,5 @@ def test_bad_prototypes_are_not_relayed_or_move_an_agent_a_bounded_amount(kind: 
     named = [r for r in log[1].rejections if r.startswith(f"partition {FAULTY}: ")]
     if kind == "pilots-nan":
         assert named, log[1].rejections
-    else:  # 1e6 x the prototypes: finite, relayed; each step is clipped
+    else:  # 1e6 x the prototypes: finite, relayed (the receiver's steps are clipped)
         assert named == []
