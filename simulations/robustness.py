@@ -322,29 +322,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the fuzz sweep and the attack table; returns the summary."""
     args = _parser().parse_args(argv)
     seeds = seeds_of(args)
-    values = settings(args, {})
     runs_dir = args.out.expanduser().resolve() / "runs"
     cases = fuzz_cases(args.quick)
     # the fuzz sweep checks what is rejected, not accuracy: one run per family, first seed
     fuzz = {
         name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
     }
-    replies = args.replies_per_round or (
-        QUICK_REPLIES_PER_ROUND if args.quick else REPLIES_PER_ROUND
-    )
-    attacks = (
-        []
-        if args.skip_attacks
-        else attack_runs(
-            args.quick,
-            args.scale,
-            runs_dir,
-            seeds,
-            values,
-            replies,
-            Selection(args.algorithms, args.aggregations, args.attacks),
-        )
-    )
+    attacks = _planned_attacks(args, runs_dir, seeds)
     validate_runs([*fuzz.values(), *attacks])
     sweep_replies = args.sweep_replies
     if sweep_replies is None:
@@ -354,29 +338,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "error: the reply sweep needs hypothesis: pip install 'fedpers[dev]', "
             "or --sweep-replies 0 to leave it out"
         )
-    kwargs = resources(args)
     out = prepare_output(args.out, overwrite=args.overwrite)
     sweep = _reply_sweep(sweep_replies, seeds[0])
-    with LocalSimulation() as simulation:
-
-        def attempt(overrides: dict[str, Any]) -> Path | None:
-            try:
-                return simulation.run(overrides, **kwargs)
-            except FlowerRunError as error:
-                print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
-                return None
-
-        with ThreadPoolExecutor(max_workers=parallelism(args)) as pool:
-            # every run submitted at once, so that no worker waits between the two parts
-            done = list(pool.map(attempt, [*fuzz.values(), *attacks]))
-        fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
-        attack_dirs = done[len(fuzz) :]
+    done = _run_all(args, [*fuzz.values(), *attacks])
+    fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
         judge(run, fuzz_dirs[name])
     fuzz_summary = _fuzz_summary(every, fuzz_dirs)
     write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
-    attack_summary = _attack_table(attacks, attack_dirs)
+    attack_summary = _attack_table(attacks, done[len(fuzz) :])
     result = {
         "fuzz": fuzz_summary,
         "sweep": sweep,
@@ -390,6 +361,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "table.md").write_text(table)
     print(f"\n{table}\nresults: {out}")
     return result
+
+
+def _planned_attacks(
+    args: argparse.Namespace, runs_dir: Path, seeds: list[int]
+) -> list[dict[str, Any]]:
+    """The attack table's runs as the flags select them (none with --skip-attacks)."""
+    if args.skip_attacks:
+        return []
+    replies = args.replies_per_round or (
+        QUICK_REPLIES_PER_ROUND if args.quick else REPLIES_PER_ROUND
+    )
+    return attack_runs(
+        args.quick,
+        args.scale,
+        runs_dir,
+        seeds,
+        settings(args, {}),
+        replies,
+        Selection(args.algorithms, args.aggregations, args.attacks),
+    )
+
+
+def _run_all(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path | None]:
+    """Every run on one local SuperLink, ``--parallel`` at a time; None where a run did
+    not finish (said on stdout), so that one failed run leaves the others' results."""
+    kwargs = resources(args)
+    with LocalSimulation() as simulation:
+
+        def attempt(overrides: dict[str, Any]) -> Path | None:
+            try:
+                return simulation.run(overrides, **kwargs)
+            except FlowerRunError as error:
+                print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
+                return None
+
+        with ThreadPoolExecutor(max_workers=parallelism(args)) as pool:
+            # every run submitted at once, so that no worker waits between the two parts
+            return list(pool.map(attempt, runs))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -556,7 +565,17 @@ def _report(
     attack: dict[str, dict[str, dict[str, Any]]],
     cases: list[Case],
 ) -> str:
-    lines = [
+    """table.md: the fault cases, then the reply sweep and the attack table if run."""
+    lines = _fuzz_section(fuzz, cases)
+    if sweep:
+        lines += _sweep_section(sweep)
+    if attack:
+        lines += _attack_section(attack)
+    return "\n".join(lines)
+
+
+def _fuzz_section(fuzz: dict[str, Any], cases: list[Case]) -> list[str]:
+    return [
         "# Fuzz sweep",
         "",
         markdown_table(
@@ -578,61 +597,46 @@ def _report(
             ],
         ),
     ]
-    if sweep:
-        kinds = list(sweep["violations"])
-        lines += [
-            "# Reply sweep (generated replies)",
-            "",
-            markdown_table(
-                ["family", "phase", "replies", "kept", "exceptions", *kinds],
-                [
-                    (
-                        c["family"],
-                        c["phase"],
-                        c["replies"],
-                        c["kept"],
-                        c["exceptions"],
-                        *(c["violations"][k] for k in kinds),
-                    )
-                    for c in sweep["by_case"]
-                ]
-                + [
-                    (
-                        "all",
-                        "",
-                        sweep["replies"],
-                        sweep["kept"],
-                        sweep["exceptions"],
-                        *(sweep["violations"][k] for k in kinds),
-                    )
-                ],
-            ),
-        ]
-    if attack:
-        aggregations = [a.value for a in Aggregation]
-        rows = []
-        for replies, by_algorithm in attack.items():
-            for algorithm, entry in by_algorithm.items():
-                clean = 100 * entry.get("clean", float("nan"))
-                for name in ("sign-flip", "inflate-examples"):
-                    if name not in entry:
-                        continue  # not run (--attacks)
-                    by_attack = entry[name]
-                    accuracies = [100 * by_attack.get(a, float("nan")) for a in aggregations]
-                    rows.append((replies, algorithm, name, clean, *accuracies))
-                if "clean_by_aggregation" in entry:
-                    by = entry["clean_by_aggregation"]
-                    accuracies = [100 * by.get(a, float("nan")) for a in aggregations]
-                    rows.append((replies, algorithm, "none", clean, *accuracies))
-        lines += [
-            "# Attacks (final accuracy, %)",
-            "",
-            markdown_table(
-                ["replies per round", "algorithm", "attack", "clean (mean)", *aggregations],
-                rows,
-            ),
-        ]
-    return "\n".join(lines)
+
+
+def _sweep_section(sweep: dict[str, Any]) -> list[str]:
+    kinds = list(sweep["violations"])
+
+    def row(name: str, phase: str, c: dict[str, Any]) -> tuple[Any, ...]:
+        counts = (c["violations"][k] for k in kinds)
+        return (name, phase, c["replies"], c["kept"], c["exceptions"], *counts)
+
+    rows = [row(c["family"], c["phase"], c) for c in sweep["by_case"]]
+    rows.append(row("all", "", sweep))
+    return [
+        "# Reply sweep (generated replies)",
+        "",
+        markdown_table(["family", "phase", "replies", "kept", "exceptions", *kinds], rows),
+    ]
+
+
+def _attack_section(attack: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    aggregations = [a.value for a in Aggregation]
+    rows = []
+    for replies, by_algorithm in attack.items():
+        for algorithm, entry in by_algorithm.items():
+            clean = 100 * entry.get("clean", float("nan"))
+            for name in ("sign-flip", "inflate-examples"):
+                if name not in entry:
+                    continue  # not run (--attacks)
+                accuracies = [100 * entry[name].get(a, float("nan")) for a in aggregations]
+                rows.append((replies, algorithm, name, clean, *accuracies))
+            if "clean_by_aggregation" in entry:
+                by = entry["clean_by_aggregation"]
+                accuracies = [100 * by.get(a, float("nan")) for a in aggregations]
+                rows.append((replies, algorithm, "none", clean, *accuracies))
+    return [
+        "# Attacks (final accuracy, %)",
+        "",
+        markdown_table(
+            ["replies per round", "algorithm", "attack", "clean (mean)", *aggregations], rows
+        ),
+    ]
 
 
 if __name__ == "__main__":
