@@ -327,7 +327,7 @@ class FedpersStrategy(Strategy):
         if not valid and not private:
             return None, None
         contents = [reply.content for reply in valid]
-        metrics = _mean_metrics(contents)
+        metrics = mean_metrics(contents)
         if not self.shared:
             return None, metrics
         arrays = [screening.arrays_of(reply) for reply in valid]
@@ -365,7 +365,7 @@ class FedpersStrategy(Strategy):
         ``num-examples``."""
         checks = [screening.defect, screening.weight_defect]
         screened = screening.screen(replies, checks, self.federation.partition)
-        return _mean_metrics([r.content for r in screened.kept])
+        return mean_metrics([r.content for r in screened.kept])
 
     def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
         """Why a new global state must not be adopted, or None: its arrays must be
@@ -638,7 +638,7 @@ def _digest_defect(reply: Message) -> str | None:
     return None
 
 
-def _mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:
+def mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:
     """Flower's weighted mean of the replies' metrics (by ``num-examples``); None when
     there is nothing to weigh."""
     weights = [

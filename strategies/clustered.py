@@ -39,7 +39,7 @@ from sklearn.cluster import AgglomerativeClustering
 from fedpers import protocol, records
 from fedpers.families.personalized import ASSIGNMENT, CLUSTER, ClusteredFLSettings
 from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
+from fedpers.strategies.base import FedpersStrategy, mean_metrics
 
 Model = dict[str, np.ndarray]
 
@@ -124,7 +124,7 @@ class ClusteredFL(FedpersStrategy):
             for partition, _, _ in moved:
                 assignment[partition] = new
         self.assignment = assignment  # for this round's record (``round_metrics``)
-        metrics = _mean_metrics([r.content for r in valid])
+        metrics = mean_metrics([r.content for r in valid])
         return _record(models, assignment), metrics
 
     def aggregated(self, replies: list[tuple[int, Model, float]], start: Model) -> Model:

@@ -20,7 +20,7 @@ from fedpers.aggregation import Aggregation
 from fedpers.config import RunConfig
 from fedpers.families import mixture as mixture_family
 from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
+from fedpers.strategies.base import FedpersStrategy, mean_metrics
 
 
 class FedEM(FedpersStrategy):
@@ -135,7 +135,7 @@ class FedEM(FedpersStrategy):
         gammas = [a[mixture_family.GAMMA].numpy() for a in arrays]
         updated[mixture_family.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
         updated.update(self.aggregate_components(arrays, gammas))
-        metrics = _mean_metrics(contents)
+        metrics = mean_metrics(contents)
         return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}), metrics
 
     def aggregate_components(

@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 from fedpers import protocol, records
 from fedpers.families.personalized import TASK, TASKS
 from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
+from fedpers.strategies.base import FedpersStrategy, mean_metrics
 
 Model = dict[str, np.ndarray]
 
@@ -87,7 +87,7 @@ class FedMTL(FedpersStrategy):
         tasks = dict(self.tasks)
         for reply in valid:
             tasks[self.federation.partition(reply)] = screening.arrays_of(reply)
-        return _record(tasks), _mean_metrics([r.content for r in valid])
+        return _record(tasks), mean_metrics([r.content for r in valid])
 
     def evaluate_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord

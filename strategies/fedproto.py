@@ -26,7 +26,7 @@ from fedpers import protocol, records
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
-from fedpers.strategies.base import _mean_metrics
+from fedpers.strategies.base import mean_metrics
 from fedpers.strategies.peer_relay import PeerRelay
 
 
@@ -111,4 +111,4 @@ class FedProto(PeerRelay):
                 PROTOTYPE_COUNTS: Array(np.ascontiguousarray(counts)),
             }
         )
-        return record, _mean_metrics([r.content for r in valid])
+        return record, mean_metrics([r.content for r in valid])

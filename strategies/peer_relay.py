@@ -41,7 +41,7 @@ from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import SheafVariant
 from fedpers.strategies import screening
-from fedpers.strategies.base import FedpersStrategy, _mean_metrics
+from fedpers.strategies.base import FedpersStrategy, mean_metrics
 from fedpers.strategies.communication import communication_test
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,7 @@ class PeerRelay(FedpersStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Nothing to aggregate but metrics (agents return no arrays)."""
         valid = self._count_replies(server_round, replies)
-        return None, _mean_metrics([r.content for r in valid])
+        return None, mean_metrics([r.content for r in valid])
 
     def _count_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The replies, their arrays' bytes added to the round's count."""
@@ -327,13 +327,15 @@ class PeerRelay(FedpersStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Mean private accuracy over agents (each reply weighs 1); keeps per-agent values
-        of the replies that pass ``screen_evaluate`` (the loop passes only those)."""
+        of the replies that pass ``screen_evaluate``. The loop passes only those; the
+        screen is repeated here (idempotent: a capped weight is within its bound) so
+        that a direct caller cannot skip it, and only once."""
         replies = list(self.screen_evaluate(server_round, replies).kept)
         for reply in replies:
             accuracy = reply.content.metric_records[protocol.METRICS].get(protocol.ACCURACY)
             if accuracy is not None:
                 self.private_accuracy[self.federation.partition(reply)] = records.number(accuracy)
-        return super().aggregate_evaluate(server_round, replies)
+        return mean_metrics([r.content for r in replies])
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Bytes of the round's training exchanges (both directions)."""
