@@ -9,7 +9,10 @@ the ClientApp at the points where a real faulty or hostile client would act:
   noisy, huge or inflated updates; bad mixture statistics);
 - ``on_wire``: break the reply message itself (bytes, serialization, metric types);
 - ``startup``: corrupt answers to start-up queries (round 0);
-- ``relay``: corrupt what Sheaf-FRL, Sheaf-FMTL and FedMuscle agents relay.
+- ``relay``: corrupt what agents relay to their neighbours.
+
+The arrays that the family-specific kinds aim at are the family's to name
+(``FamilySpec.fault_targets``); nothing here knows a family.
 
 Empty (the default) injects nothing.
 """
@@ -24,8 +27,6 @@ from flwr.app import Array, ConfigRecord, Message, MetricRecord
 from fedpers import protocol
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
-from fedpers.families import mixture as mixture_family
-from fedpers.families import sheaf as sheaf_family
 from fedpers.faults import Fault, parse_faults
 from fedpers.seeding import rng
 
@@ -93,15 +94,15 @@ def after_fit(
         arrays = {k: np.full_like(v, np.nan) for k, v in arrays.items()}
     if "dtype" in active:
         arrays = {k: v.astype(np.float16) for k, v in arrays.items()}
-    if (fault := active.get("responsibilities")) and mixture_family.GAMMA in arrays:
-        arrays[mixture_family.GAMMA] = np.full_like(arrays[mixture_family.GAMMA], _value(fault))
-    if "responsibilities-shape" in active and mixture_family.GAMMA in arrays:
-        gamma = arrays[mixture_family.GAMMA]
-        arrays[mixture_family.GAMMA] = np.concatenate([gamma, gamma[:1]])
-    if mixture_family.STATS_SECOND in arrays and active.keys() & {"non-psd", "asymmetric"}:
-        arrays[mixture_family.STATS_SECOND] = _bad_second_moments(
-            arrays[mixture_family.STATS_SECOND], asymmetric="asymmetric" in active
-        )
+    targets = run.family.fault_targets
+    for name in targets.select(targets.responsibilities, list(arrays)):
+        if fault := active.get("responsibilities"):
+            arrays[name] = np.full_like(arrays[name], _value(fault))
+        if "responsibilities-shape" in active:
+            arrays[name] = np.concatenate([arrays[name], arrays[name][:1]])
+    if active.keys() & {"non-psd", "asymmetric"}:
+        for name in targets.select(targets.second_moments, list(arrays)):
+            arrays[name] = _bad_second_moments(arrays[name], asymmetric="asymmetric" in active)
     if arrays and active.keys() & {"shape", "rename", "extra", "drop"}:
         first = next(iter(arrays))
         if "shape" in active:
@@ -180,13 +181,13 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
 
 
 def relay(run: RunConfig, partition: int, config: ConfigRecord, arrays: Arrays) -> Arrays:
-    """Corrupt what an agent relays to its neighbours, if asked to in this round:
-    Sheaf-FRL's pilots (own or transported), Sheaf-FMTL's projections, FedMuscle's
-    representations, CoMFed's prototypes."""
+    """Corrupt what an agent relays to its neighbours, if asked to in this round: the
+    arrays its family names ``fault_targets.relayed`` (Sheaf-FRL's pilots, own or
+    transported, Sheaf-FMTL's projections, FedMuscle's representations, CoMFed's
+    prototypes)."""
     active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
-    relayed = (sheaf_family.TRANSPORTED + ".", sheaf_family.PROJECTION + ".")
-    own = (sheaf_family.PILOTS, sheaf_family.REPRESENTATIONS, sheaf_family.PROTOTYPES)
-    pilots = [k for k in arrays if k in own or k.startswith(relayed)]
+    targets = run.family.fault_targets
+    pilots = targets.select(targets.relayed, arrays)
     if fault := active.get("pilots-scale"):
         arrays = {**arrays, **{k: arrays[k] * _value(fault) for k in pilots}}
     if "pilots-nan" in active:

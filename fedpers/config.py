@@ -20,8 +20,6 @@ The launcher in ``simulations/`` merges overrides itself (``load_run_config``), 
 a bad value stops a run before Flower or Ray start.
 """
 
-# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
-
 from __future__ import annotations
 
 import argparse

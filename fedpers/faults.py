@@ -17,7 +17,27 @@ The kinds are listed in ``KINDS``, with their parameters' defaults.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FaultTargets:
+    """The arrays of a family's replies that its fault kinds aim at
+    (``FamilySpec.fault_targets``): ``responsibilities`` (kinds ``responsibilities`` and
+    ``responsibilities-shape``), ``second_moments`` (``non-psd``, ``asymmetric``) and
+    ``relayed`` (``pilots-scale``, ``pilots-nan``: what an agent relays to its
+    neighbours). A name ending in ``.`` stands for every array it prefixes."""
+
+    responsibilities: tuple[str, ...] = ()
+    second_moments: tuple[str, ...] = ()
+    relayed: tuple[str, ...] = ()
+
+    def select(self, role: tuple[str, ...], names: Iterable[str]) -> list[str]:
+        """The ``names`` that ``role`` (one of the fields) aims at, in their order."""
+        prefixes = tuple(n for n in role if n.endswith("."))
+        return [n for n in names if n in role or n.startswith(prefixes)]
+
 
 # kind -> default parameter (None: the kind takes none)
 KINDS: dict[str, float | None] = {

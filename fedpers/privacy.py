@@ -41,8 +41,6 @@ Nothing here imports torch or Flower; ``dp_accounting`` is imported when an epsi
 computed.
 """
 
-# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
-
 from __future__ import annotations
 
 import functools

@@ -110,17 +110,6 @@ def class_means(
     return sums / np.maximum(counts, 1.0)[:, None], counts
 
 
-def target_classes(count: int, num_classes: int, seed: int) -> list[frozenset[int]]:
-    """Each agent's target classes: 3 or 4 (alternating), drawn from the seed."""
-    from fedpers.seeding import rng
-
-    generator = rng(seed, "sheaf-targets")
-    return [
-        frozenset(int(c) for c in generator.choice(num_classes, 3 + i % 2, replace=False))
-        for i in range(count)
-    ]
-
-
 # ---------------------------------------------------------------------- graph
 def class_overlap_graph(
     targets: list[frozenset[int]], dims: list[int], density: float

@@ -8,6 +8,7 @@ types) must be imported from ``fedpers.protocol`` on both sides: a quoted key un
 from __future__ import annotations
 
 import ast
+import pkgutil
 import re
 from enum import Enum
 from pathlib import Path
@@ -147,3 +148,69 @@ def test_the_shared_hubs_name_no_family(hub: str) -> None:
     text = (ROOT / hub).read_text().lower()
     named = [word for word in ("sheaf", "gmm", "mixture", "linear") if word in text]
     assert named == [], f"{hub} names {named}"
+
+
+# Shared modules below the hubs: they may know data sets (the synthetic mixtures are one)
+# but no family; a family's data protocol or fault targets are its FamilySpec's.
+SHARED = ("fedpers/data/client.py", "clients/faults.py")
+# a family's own modules: its family module, its math (fedpers.<family math>), its clients
+FAMILY_MODULES = {
+    *(f"fedpers.families.{m.name}" for m in pkgutil.iter_modules(families.__path__)),
+    "fedpers.sheaf",
+    "fedpers.gmm",
+    "fedpers.linear",
+}
+
+
+def family_imports(source: str) -> list[str]:
+    """The modules of a family (its family module, math or client) that ``source``
+    imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n in FAMILY_MODULES]
+    return sorted(set(found))
+
+
+def family_identifiers(source: str) -> list[str]:
+    """Names in the code of ``source`` (not its docstrings or comments, which may say
+    whose protocol a thing is) that name a family's knowledge."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        name = (
+            getattr(node, "id", None)
+            or getattr(node, "attr", None)
+            or getattr(node, "arg", None)
+            or (getattr(node, "name", None) if not isinstance(node, ast.alias) else None)
+        )
+        if isinstance(name, str) and re.search("sheaf|gmm|fedem", name, re.I):
+            found.add(name)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_shared_modules_import_no_family(module: str) -> None:
+    text = (ROOT / module).read_text()
+    assert family_imports(text) == []
+    assert family_identifiers(text) == []
+
+
+def test_the_family_import_check_finds_them() -> None:
+    source = (
+        "from fedpers.families import mixture as m\n"
+        "from fedpers.families.sheaf import NAME\n"
+        "import fedpers.gmm\n"
+        "from fedpers.clients.common import Arrays\n"
+        "from fedpers.families import FamilySpec\n"
+    )
+    assert family_imports(source) == [
+        "fedpers.families.mixture",
+        "fedpers.families.sheaf",
+        "fedpers.gmm",
+    ]
+    assert family_identifiers('"""FedGMM\'s."""\nx = sheaf_family.PILOTS\n') == ["sheaf_family"]

@@ -22,26 +22,26 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from fedpers.data.mixture import MixtureTasks
+from fedpers.data.mixture import DATASET as MIXTURE
+from fedpers.data.mixture import MixtureDataSettings, MixtureTasks
 from fedpers.data.partition import (
     partition_classes,
     partition_dirichlet,
     partition_lognormal,
     partition_shift,
     split_test_like_train,
+    target_classes,
 )
 from fedpers.data.registry import DATASETS
 from fedpers.data.shift import joint_shift, parse_transforms, transform_images
 from fedpers.data.sources import Dataset, cached_index_lists, load_dataset
 from fedpers.families import FamilySpec
-from fedpers.families import mixture as mixture_family
-from fedpers.families import sheaf as sheaf_family
 from fedpers.seeding import rng
 
 _G = TypeVar("_G")
 
 SPLIT = (0.6, 0.2, 0.2)  # train / validation / test of the per-client protocol
-SHEAF_SPLIT = (0.8, 0.1, 0.1)  # Sheaf-FRL's per-agent split
+PILOT_SPLIT = (0.8, 0.1, 0.1)  # train / validation / test of the pilot protocol
 VALIDATION_SHARE = 0.2  # of a client's training samples, where it has no validation split
 _EMPTY = np.zeros((0,), dtype=np.float32)
 
@@ -99,6 +99,18 @@ class ClientData:
 
 
 @dataclass(frozen=True)
+class PilotSplit:
+    """The pilot protocol of a family that declares it (``FamilySpec.pilot_split``;
+    Sheaf-FRL and its baselines): a stratified ``fraction`` of the pooled train and test
+    splits is held out as pilots, held by every client; the rest is split over the
+    clients by a label shift ``shift`` (``fedpers.data.partition.partition_shift``), and
+    each client's part 80/10/10 into train, validation and test."""
+
+    shift: float
+    fraction: float
+
+
+@dataclass(frozen=True)
 class DataKey:
     """The run-config fields that determine every client's data, and nothing else."""
 
@@ -116,16 +128,14 @@ class DataKey:
     shift_transforms: str
     shift_fraction: float
     mixture: MixtureTasks | None
-    sheaf: bool
-    sheaf_shift: float
-    sheaf_pilot_fraction: float
+    pilots: PilotSplit | None
 
     @classmethod
     def of(cls, config: DataConfig) -> DataKey:
         """The data key of a run configuration."""
         mixture = None
-        if config.dataset == mixture_family.DATASET:
-            tasks = config.group(mixture_family.MixtureDataSettings)
+        if config.dataset == MIXTURE:
+            tasks = config.group(MixtureDataSettings)
             mixture = MixtureTasks(
                 dim=tasks.mixture_dim,
                 components=tasks.mixture_components,
@@ -136,7 +146,7 @@ class DataKey:
                 samples=config.samples_per_client,
                 seed=config.seed,
             )
-        agents = config.group(sheaf_family.SheafSettings)
+        pilot_split = config.family.pilot_split
         return cls(
             dataset=config.dataset,
             data_root=config.data_root,
@@ -152,9 +162,7 @@ class DataKey:
             shift_transforms=config.shift_transforms,
             shift_fraction=config.shift_fraction,
             mixture=mixture,
-            sheaf=config.family.name == sheaf_family.NAME,
-            sheaf_shift=agents.sheaf_shift,
-            sheaf_pilot_fraction=agents.sheaf_pilot_fraction,
+            pilots=None if pilot_split is None else pilot_split(config),
         )
 
 
@@ -221,11 +229,11 @@ def _client_data(
             )
         return dataset.features(raw)
 
-    if key.sheaf:
+    if key.pilots is not None:
         x_all, y_all = _pooled(key)
-        mine = sheaf_partitions(key)[1][partition_id]
+        mine = pilot_partitions(key)[1][partition_id]
         return _split_per_client(
-            features(x_all[mine]), y_all[mine], key.seed, partition_id, split=SHEAF_SPLIT
+            features(x_all[mine]), y_all[mine], key.seed, partition_id, split=PILOT_SPLIT
         )
     if key.per_client_split:
         x_all, y_all = _pooled(key)
@@ -241,10 +249,15 @@ def _client_data(
 
 
 def pilot_data(config: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Sheaf-FRL's pilots: labelled samples held out of every agent's data, held by all."""
+    """The pilots of a family with the pilot protocol (``FamilySpec.pilot_split``):
+    labelled samples held out of every client's data, held by all."""
     key = DataKey.of(config)
+    if key.pilots is None:
+        raise ValueError(
+            f"family '{config.family.name}' has no pilots (its FamilySpec sets no pilot_split)"
+        )
     x_all, y_all = _pooled(key)
-    pilots = sheaf_partitions(key)[0]
+    pilots = pilot_partitions(key)[0]
     return _dataset(key).features(x_all[pilots]), y_all[pilots]
 
 
@@ -366,18 +379,17 @@ def _pooled(key: DataKey) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=2)
-def sheaf_partitions(key: DataKey) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Pilot indices (a stratified ``sheaf-pilot-fraction`` of the pooled data) and each
-    agent's indices under the distribution shift ``s``, into the pooled data."""
-    from fedpers.sheaf import target_classes
-
+def pilot_partitions(key: DataKey) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Pilot indices (a stratified ``pilot_fraction`` of the pooled data) and each
+    client's indices under the distribution shift ``shift``, into the pooled data."""
+    assert key.pilots is not None
     y = _pooled(key)[1]
     generator = rng(key.seed, "pilots")
     pilots = np.sort(
         np.concatenate(
             [
                 generator.permutation(np.flatnonzero(y == c))[
-                    : int(round(key.sheaf_pilot_fraction * np.count_nonzero(y == c)))
+                    : int(round(key.pilots.fraction * np.count_nonzero(y == c)))
                 ]
                 for c in np.unique(y)
             ]
@@ -385,7 +397,7 @@ def sheaf_partitions(key: DataKey) -> tuple[np.ndarray, list[np.ndarray]]:
     )
     rest = np.setdiff1d(np.arange(len(y)), pilots)
     targets = target_classes(key.num_clients, DATASETS[key.dataset].num_classes, key.seed)
-    parts = partition_shift(y[rest], targets, key.sheaf_shift, key.seed)
+    parts = partition_shift(y[rest], targets, key.pilots.shift, key.seed)
     return pilots, [rest[p] for p in parts]
 
 

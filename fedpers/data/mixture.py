@@ -18,15 +18,64 @@ Variants (each a run-config key):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 
 import numpy as np
 
 from fedpers.seeding import rng
+from fedpers.settings import at_least, positive, setting
 
-COVARIANCES = ("identity", "official")
-LABELLINGS = ("difference", "random")
-SIZES = ("fixed", "lognormal")
+DATASET = "mixture"  # its name in fedpers.data.registry and run-config ``dataset``
+
+
+class MixtureCovariance(StrEnum):
+    """Covariance of the synthetic mixtures' components (``fedpers.data.mixture``)."""
+
+    IDENTITY = "identity"
+    OFFICIAL = "official"
+
+
+class MixtureLabels(StrEnum):
+    """Labelling directions of the synthetic mixtures (``fedpers.data.mixture``)."""
+
+    DIFFERENCE = "difference"
+    RANDOM = "random"
+
+
+class MixtureSizes(StrEnum):
+    """Client sizes of the synthetic mixtures (``fedpers.data.mixture``)."""
+
+    FIXED = "fixed"
+    LOGNORMAL = "lognormal"
+
+
+@dataclass(frozen=True)
+class MixtureDataSettings:
+    """The synthetic mixtures of FedGMM's Section 4.1 (dataset "mixture").
+
+    The data set's settings; the mixture family (``fedpers.families.mixture``) declares
+    the group, so that the docs list it there."""
+
+    mixture_dim: int = setting(32, "input dimension d")
+    mixture_components: int = setting(3, "Gaussian components M")
+    mixture_alpha: float = setting(0.4, "Dirichlet concentration of a client's mixture weights")
+    mixture_covariance: MixtureCovariance = setting(
+        MixtureCovariance.IDENTITY, "`identity` (the paper's text) or `official` (I / sqrt(d))"
+    )
+    mixture_labels: MixtureLabels = setting(
+        MixtureLabels.DIFFERENCE,
+        "labelling directions: the `difference` of two means (the authors' code) or `random`",
+    )
+    mixture_sizes: MixtureSizes = setting(
+        MixtureSizes.FIXED,
+        "`fixed` (`samples-per-client` each) or `lognormal` (the authors' code)",
+    )
+
+    def check(self) -> None:
+        at_least("mixture-dim", self.mixture_dim, 1)
+        at_least("mixture-components", self.mixture_components, 1)
+        positive("mixture-alpha", self.mixture_alpha)
 
 
 @dataclass(frozen=True)
@@ -52,7 +101,7 @@ class MixtureTasks:
     def directions(self) -> np.ndarray:
         """Labelling directions ``v_m`` (M, d)."""
         generator = rng(self.seed, "mixture-directions")
-        if self.labels == "random" or self.components == 1:
+        if self.labels == MixtureLabels.RANDOM or self.components == 1:
             v = generator.standard_normal((self.components, self.dim))
             return np.asarray(v / np.linalg.norm(v, axis=1, keepdims=True))
         out = np.empty((self.components, self.dim))
@@ -64,7 +113,7 @@ class MixtureTasks:
     @property
     def scale(self) -> float:
         """Standard deviation of every coordinate within a component."""
-        return 1.0 if self.covariance == "identity" else float(self.dim**-0.25)
+        return 1.0 if self.covariance == MixtureCovariance.IDENTITY else float(self.dim**-0.25)
 
     def weights(self, client: int) -> np.ndarray:
         """Client ``client``'s mixture weights ``pi_c ~ Dir(alpha)``."""
@@ -74,7 +123,7 @@ class MixtureTasks:
 
     def size(self, client: int) -> int:
         """Number of samples of client ``client``."""
-        if self.sizes == "fixed":
+        if self.sizes == MixtureSizes.FIXED:
             return self.samples
         draw = rng(self.seed, "mixture-size", client).lognormal(4, 2)
         return int(min(draw + 100, 1000))

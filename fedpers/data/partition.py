@@ -154,6 +154,17 @@ def _run_partitioner(partitioner: object, labels: np.ndarray, num_clients: int) 
     ]
 
 
+def target_classes(count: int, num_classes: int, seed: int) -> list[frozenset[int]]:
+    """Each client's target classes under the pilot protocol's shift
+    (``partition_shift``; Sheaf-FRL's agents): 3 or 4 (alternating), drawn from the seed
+    (the stream keeps its first user's name)."""
+    generator = rng(seed, "sheaf-targets")
+    return [
+        frozenset(int(c) for c in generator.choice(num_classes, 3 + i % 2, replace=False))
+        for i in range(count)
+    ]
+
+
 def partition_shift(
     labels: np.ndarray, targets: list[frozenset[int]], shift: float, seed: int
 ) -> list[np.ndarray]:

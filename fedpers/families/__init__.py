@@ -27,8 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
+from fedpers.faults import FaultTargets
+
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
+    from fedpers.data.client import DataConfig, PilotSplit
     from fedpers.protocol import FinalTestResult
     from fedpers.results import RoundRecord
 
@@ -129,6 +132,13 @@ class FamilySpec:
         Whether its clients' samples come from the data set's train and test splits
         pooled (whatever ``test-split`` says); the configuration counts the samples
         there are to split from it.
+    fault_targets : FaultTargets
+        The arrays of its replies that the family-specific fault kinds aim at
+        (``fedpers.faults``; tests of the server's screening).
+    pilot_split : callable, optional
+        ``pilot_split(run)``: the ``fedpers.data.client.PilotSplit`` of a family whose
+        clients share pilot samples held out of everyone's data (their shift and share),
+        or None: the data layer then splits as ``test-split`` says.
     wire : tuple of str
         Every name it puts on the wire (records, arrays, config and metric keys), for
         the wire-contract test.
@@ -150,6 +160,8 @@ class FamilySpec:
     sample_counts: Callable[[RunConfig], tuple[int, int]] | None = None
     clients_per_round: Callable[[RunConfig], int] | None = None
     pools_splits: bool = False
+    pilot_split: Callable[[DataConfig], PilotSplit] | None = None
+    fault_targets: FaultTargets = FaultTargets()
     wire: tuple[str, ...] = field(default=())
     metric_ranges: tuple[tuple[str, float, float], ...] = ()
 

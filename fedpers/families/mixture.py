@@ -10,8 +10,6 @@ of FedGMM's Section 4.1 (the data set ``mixture``) are the family's data set; ev
 algorithm may run on them.
 """
 
-# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
-
 from __future__ import annotations
 
 import math
@@ -23,14 +21,18 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from flwr.app import ConfigRecord
 
 from fedpers import families, protocol
+from fedpers.data.mixture import (  # the data set's settings, declared here for the docs
+    DATASET,
+    MixtureDataSettings,
+)
 from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary, personalized
-from fedpers.settings import ConfigError, at_least, positive, setting
+from fedpers.faults import FaultTargets
+from fedpers.settings import ConfigError, at_least, setting
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
 
 NAME = "mixture"
-DATASET = "mixture"  # the synthetic mixtures (fedpers.data.mixture)
 GMM_ALGORITHM = "fedgmm"  # the one algorithm whose Gaussians model an embedding (gmm-*)
 
 
@@ -58,53 +60,7 @@ class Embedding(StrEnum):
     RESNET18 = "resnet18"
 
 
-class MixtureCovariance(StrEnum):
-    """Covariance of the synthetic mixtures' components (``fedpers.data.mixture``)."""
-
-    IDENTITY = "identity"
-    OFFICIAL = "official"
-
-
-class MixtureLabels(StrEnum):
-    """Labelling directions of the synthetic mixtures (``fedpers.data.mixture``)."""
-
-    DIFFERENCE = "difference"
-    RANDOM = "random"
-
-
-class MixtureSizes(StrEnum):
-    """Client sizes of the synthetic mixtures (``fedpers.data.mixture``)."""
-
-    FIXED = "fixed"
-    LOGNORMAL = "lognormal"
-
-
 # ------------------------------------------------------------------------- groups
-@dataclass(frozen=True)
-class MixtureDataSettings:
-    """The synthetic mixtures of FedGMM's Section 4.1 (dataset "mixture")."""
-
-    mixture_dim: int = setting(32, "input dimension d")
-    mixture_components: int = setting(3, "Gaussian components M")
-    mixture_alpha: float = setting(0.4, "Dirichlet concentration of a client's mixture weights")
-    mixture_covariance: MixtureCovariance = setting(
-        MixtureCovariance.IDENTITY, "`identity` (the paper's text) or `official` (I / sqrt(d))"
-    )
-    mixture_labels: MixtureLabels = setting(
-        MixtureLabels.DIFFERENCE,
-        "labelling directions: the `difference` of two means (the authors' code) or `random`",
-    )
-    mixture_sizes: MixtureSizes = setting(
-        MixtureSizes.FIXED,
-        "`fixed` (`samples-per-client` each) or `lognormal` (the authors' code)",
-    )
-
-    def check(self) -> None:
-        at_least("mixture-dim", self.mixture_dim, 1)
-        at_least("mixture-components", self.mixture_components, 1)
-        positive("mixture-alpha", self.mixture_alpha)
-
-
 @dataclass(frozen=True)
 class MixtureSettings:
     """Mixtures of learners: FedEM and FedGMM."""
@@ -276,6 +232,7 @@ FAMILY = families.register(
         summary=summary,
         groups=(MixtureDataSettings, MixtureSettings),
         checks=(check_embedding,),
+        fault_targets=FaultTargets(responsibilities=(GAMMA,), second_moments=(STATS_SECOND,)),
         queries=(
             QuerySpec(
                 MixtureQuery.PCA,

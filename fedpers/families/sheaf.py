@@ -10,8 +10,6 @@ the graph of a run, its wire names, the relay queries, the communication test's 
 and the summary.
 """
 
-# ruff: noqa: RUF009  (setting() returns a dataclasses.Field, which the rule cannot see)
-
 from __future__ import annotations
 
 import math
@@ -24,7 +22,10 @@ import numpy as np
 from flwr.app import ConfigRecord
 
 from fedpers import families, protocol
+from fedpers.data.client import DataConfig, PilotSplit
+from fedpers.data.partition import target_classes
 from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary
+from fedpers.faults import FaultTargets
 from fedpers.protocol import FinalTestResult
 from fedpers.results import final_mean
 from fedpers.settings import ConfigError, at_least, int_list, positive, setting, within
@@ -34,7 +35,6 @@ from fedpers.sheaf import (
     class_overlap_graph,
     interaction_dim,
     parameter_count,
-    target_classes,
 )
 
 if TYPE_CHECKING:
@@ -209,6 +209,12 @@ def comfed_dim(run: RunConfig) -> int:
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
+
+
+def pilot_split(run: DataConfig) -> PilotSplit:
+    """The agents' data: pilots held out for all, the rest split by the shift ``s``."""
+    agents = run.group(SheafSettings)
+    return PilotSplit(shift=agents.sheaf_shift, fraction=agents.sheaf_pilot_fraction)
 
 
 def applies(run: RunConfig) -> bool:
@@ -540,6 +546,10 @@ FAMILY = families.register(
         ),
         clients_per_round=every_agent,
         pools_splits=True,
+        pilot_split=pilot_split,
+        fault_targets=FaultTargets(
+            relayed=(PILOTS, REPRESENTATIONS, PROTOTYPES, TRANSPORTED + ".", PROJECTION + ".")
+        ),
         queries=(
             QuerySpec(
                 SheafQuery.PILOTS,

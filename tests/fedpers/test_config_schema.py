@@ -6,7 +6,6 @@ import dataclasses
 import subprocess
 import sys
 import tomllib
-from enum import StrEnum
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from fedpers.config import (
     schema,
     schema_defaults,
 )
-from fedpers.data.mixture import COVARIANCES, LABELLINGS, SIZES
-from fedpers.families.mixture import MixtureCovariance, MixtureLabels, MixtureSizes
 from fedpers.simulations.flags import config_help
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -98,14 +95,6 @@ def test_command_prints_the_rendering(command: str, render: object) -> None:
     )
     assert callable(render)
     assert result.stdout == render()
-
-
-@pytest.mark.parametrize(
-    ("enum", "values"),
-    [(MixtureCovariance, COVARIANCES), (MixtureLabels, LABELLINGS), (MixtureSizes, SIZES)],
-)
-def test_mixture_modes_match_the_generator(enum: type[StrEnum], values: tuple[str, ...]) -> None:
-    assert tuple(member.value for member in enum) == values
 
 
 def test_config_help_shows_description_values_and_default() -> None:

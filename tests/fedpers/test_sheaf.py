@@ -9,7 +9,7 @@ from scipy.linalg import orthogonal_procrustes
 from scipy.stats import ortho_group
 
 from fedpers import sheaf
-from fedpers.data.partition import partition_shift
+from fedpers.data.partition import partition_shift, target_classes
 
 
 def _pilots(k: int, d: int, seed: int) -> np.ndarray:
@@ -102,7 +102,7 @@ def test_whitening_floors_small_eigenvalues() -> None:
 
 
 def test_graph_is_connected_deterministic_dense_enough_and_oriented() -> None:
-    targets = sheaf.target_classes(15, 10, seed=0)
+    targets = target_classes(15, 10, seed=0)
     dims = [s.latent for s in sheaf.agent_specs(15, scale=0.125, latent_dims=None, hidden=None)]
     edges = sheaf.class_overlap_graph(targets, dims, density=0.4)
     assert edges == sheaf.class_overlap_graph(targets, dims, density=0.4)
