@@ -228,3 +228,23 @@ def test_check_names_a_bad_key_and_prints_a_good_configuration(
     assert "did you mean 'num-rounds'" in capsys.readouterr().err
     assert check.main(["--run-config", "num-rounds=0"]) == 1
     assert "'num-rounds'" in capsys.readouterr().err
+
+
+def test_run_all_gives_the_directories_in_the_order_of_the_runs() -> None:
+    # The scripts attach each directory to its method and seed by position: runs that
+    # finish in another order (here the first finishes last) must not change that.
+    import time
+
+    from fedpers.simulations.launch import LocalSimulation
+
+    names = ["run-d", "run-b", "run-c", "run-a"]  # neither sorted nor finishing in order
+
+    class Timed(LocalSimulation):
+        def run(self, overrides, **kwargs):  # type: ignore[no-untyped-def,override]
+            time.sleep(0.05 * (3 - names.index(overrides["run-name"])))
+            return Path(overrides["run-name"])
+
+    runs = [{"run-name": name, "num-rounds": 1} for name in names]
+    expected = [Path(name) for name in names]
+    assert Timed().run_all(runs, parallel=4) == expected
+    assert Timed().run_all(runs, parallel=1) == expected

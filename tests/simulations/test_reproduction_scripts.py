@@ -6,6 +6,8 @@ tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,25 @@ def linear_summary(
     assert (out / "figure4.png").exists()
     assert (out / "figure3_n100.png").exists()
     assert_through_flower(twins, out)
+    # Each curve of FedRep's Figure 3 is the algorithm its legend names: FedRep with
+    # exact heads, 1 or 10 head gradient steps, and FedSGD (the paper's, not the script's
+    # table); Figure 4's two methods likewise.
+    expected = {
+        "fedrep": ("fedrep", 0),
+        "gd-gd": ("fedrep", 1),
+        "10gd-gd": ("fedrep", 10),
+        "fedsgd": ("fedsgd", 0),
+    }
+    runs = sorted(p.parent for p in (out / "runs").glob("*/config.json"))
+    assert len(runs) == 10, [r.name for r in (out / "runs").iterdir()]  # 4 x 2 n + 2, a seed
+    for run in runs:
+        config = json.loads((run / "config.json").read_text())
+        figure, method = run.name.split("-")[0], run.name.split("-")[1]
+        method = "10gd-gd" if method == "10gd" else "gd-gd" if method == "gd" else method
+        if figure == "figure3":
+            assert (config["algorithm"], config["linear-head-steps"]) == expected[method]
+        else:
+            assert config["algorithm"] == method
     return summary
 
 
@@ -41,6 +62,7 @@ linear = pytest.mark.xdist_group("linear")
 def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> None:
     first = linear_summary["rounds_to_0.01"]["fedrep"]["100"]
     assert first is not None
+    assert math.isfinite(first)  # NaN: no seed reached it
     assert first <= 60
     assert linear_summary["principal_angle_distance"]["fedrep"]["100"] < 1e-2
 
