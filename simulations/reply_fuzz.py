@@ -55,7 +55,14 @@ from hypothesis import strategies as st
 from fedpers import protocol, records
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
-from fedpers.families.mixture import STATS_COUNT, STATS_SECOND
+from fedpers.families.mixture import (
+    GMM_COVARIANCES,
+    QUERY_ASSIGN,
+    QUERY_PCA,
+    QUERY_SUMMARY,
+    STATS_COUNT,
+    STATS_SECOND,
+)
 from fedpers.simulations.inprocess import InProcessGrid, run_config
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
@@ -605,6 +612,127 @@ def sweep_startup(harness: Startup, family: str, examples: int, seed: int) -> Sw
     return count
 
 
+# --------------------------------------------------- FedGMM's start-up statistics
+STATISTICS_FAMILY = "fedgmm"
+STATISTICS_QUERIES = (QUERY_PCA, QUERY_SUMMARY, QUERY_ASSIGN)
+STATISTICS_VALUES = {  # digits: the embedding is a PCA, so all three queries are asked
+    "algorithm": "fedgmm",
+    "dataset": "digits",
+    "num_clients": NODES,
+    "fraction_train": 1.0,
+    "num_rounds": 1,
+}
+STARTUP_BOUND = screening.HUGE  # no initial value beyond this x the honest state's largest
+
+
+class StatisticsStartup:
+    """FedGMM's start-up statistics (``query.pca``, ``query.summary``, ``query.assign``):
+    partition ``ATTACKER`` answers the query ``crafted`` names with what it holds, the
+    others answer honestly. ``honest`` is the initial state with no crafted answer;
+    ``templates`` the attacker's honest answers, by query."""
+
+    def __init__(self) -> None:
+        self.values = run_config(**STATISTICS_VALUES)
+        self.run = RunConfig.from_mapping(self.values)
+        self.crafted: tuple[str, RecordDict] | None = None
+        self.templates: dict[str, RecordDict] = {}
+        self.grid = cast(Grid, InProcessGrid(self._app, self.values, NODES))
+        self.honest, rejections = self.start()
+        if rejections or set(self.templates) != set(STATISTICS_QUERIES):
+            raise AssertionError(f"a clean start-up went wrong: {rejections}, {self.templates}")
+
+    def start(self) -> tuple[ArrayRecord, tuple[str, ...]]:
+        """A fresh strategy's start-up: the initial state and the start-up rejections."""
+        strategy = _connected(self.run, self.grid)
+        arrays = strategy.initial_arrays(self.grid, timeout=TIMEOUT)
+        return arrays, strategy.startup_rejections
+
+    def _app(self, message: Message, context: Context) -> Message:
+        query = message.metadata.message_type
+        if int(context.node_config["partition-id"]) != ATTACKER:
+            return client_app(message, context)
+        if self.crafted is not None and self.crafted[0] == query:
+            return Message(copy_content(self.crafted[1]), reply_to=message)
+        reply = client_app(message, context)
+        if query in STATISTICS_QUERIES:
+            self.templates.setdefault(query, copy_content(reply.content))
+        return reply
+
+
+@cache
+def statistics_startup() -> StatisticsStartup:
+    """FedGMM's start-up statistics harness, built once per process."""
+    return StatisticsStartup()
+
+
+def statistics_violations(harness: StatisticsStartup, query: str, answer: RecordDict) -> Found:
+    """FedGMM's start-up with the attacker's ``answer`` to ``query``: the properties it
+    breaks (the start-up raising is counted by the caller; an initial state that is not
+    the honest one's arrays, finite, with positive definite covariances; a value beyond
+    ``STARTUP_BOUND`` x the honest state's largest; an honest node rejected; a rejection
+    without a reason), and whether the attacker's answer was left out."""
+    harness.crafted = (query, answer)
+    try:
+        arrays, rejections = harness.start()
+    finally:
+        harness.crafted = None
+    found: list[tuple[str, str]] = []
+    if not well_formed(arrays, harness.honest) or not _positive_definite(arrays):
+        found.append((ILL_FORMED, "the initial state is not well formed"))
+    else:
+        largest = max(float(np.max(np.abs(a.numpy()), initial=0.0)) for a in arrays.values())
+        honest = max(float(np.max(np.abs(a.numpy()), initial=0.0)) for a in harness.honest.values())
+        if largest > STARTUP_BOUND * honest:
+            found.append((BOUND, f"an initial value of {largest:.3g}, honest {honest:.3g}"))
+    prefix = f"partition {ATTACKER}: "
+    for rejection in rejections:
+        if not rejection.startswith(prefix):
+            found.append((VOIDED, f"an honest answer was rejected: {rejection}"))
+        elif len(rejection) <= len(prefix):
+            found.append((NO_REASON, "a rejection with an empty reason"))
+    return found, not rejections
+
+
+def sweep_statistics(
+    harness: StatisticsStartup, query: str, examples: int, seed: int
+) -> SweepCount:
+    """``examples`` generated answers to ``query`` in place of the attacker's."""
+    count = SweepCount(STATISTICS_FAMILY, query)
+    started = time.monotonic()
+
+    @_sweep_settings(examples, seed)
+    @given(answer=replies(harness.templates[query]))
+    def one(answer: RecordDict) -> None:
+        count.add(lambda: statistics_violations(harness, query, answer))
+
+    one()
+    count.seconds = time.monotonic() - started
+    return count
+
+
+def scaled_statistics(template: RecordDict, factor: float) -> RecordDict:
+    """``template`` with every array but the sample counts times ``factor``: a
+    scaled-up client, consistent in its shapes and counts (the regression class)."""
+    content = copy_content(template)
+    arrays = content.array_records[protocol.ARRAYS]
+    for name in list(arrays.keys()):
+        if "count" not in name:
+            arrays[name] = Array(np.ascontiguousarray(arrays[name].numpy() * factor))
+    return content
+
+
+def _positive_definite(arrays: ArrayRecord) -> bool:
+    """Every full covariance positive definite (numpy's Cholesky), every variance > 0."""
+    covariances = arrays[GMM_COVARIANCES].numpy().astype(np.float64)
+    if covariances.ndim == 2:
+        return bool(np.all(covariances > 0))
+    try:
+        np.linalg.cholesky(covariances)
+    except np.linalg.LinAlgError:
+        return False
+    return True
+
+
 def _sweep_settings(examples: int, seed: int) -> Callable[[Any], Any]:
     """hypothesis' settings for a sweep: ``examples`` generated, seeded, never shrunk
     (nothing fails: every outcome is counted)."""
@@ -658,19 +786,24 @@ def sweep(
     seed: int = 0,
     progress: Callable[[str], None] = print,
 ) -> list[SweepCount]:
-    """``examples`` generated replies per family and phase (training, evaluation, and
-    the start-up vote's answers where the family has one), every property checked on
+    """``examples`` generated replies per family and phase (training, evaluation, the
+    start-up vote's answers where the family has one, and FedGMM's three start-up
+    statistics queries when it is among ``families``), every property checked on
     each. Nothing stops the sweep: an exception or a violation is counted, and the next
     reply generated. One progress line per family and phase, with an ETA."""
     counts: list[SweepCount] = []
     cases = [(family, phase) for family in families for phase in PHASES]
     cases += [(family, STARTUP) for family in families if family in STARTUP_FAMILIES]
+    if STATISTICS_FAMILY in families:  # FedGMM's start-up statistics, a query each
+        cases += [(STATISTICS_FAMILY, query) for query in STATISTICS_QUERIES]
     total = len(cases) * examples
     started = time.monotonic()
     for family, phase in cases:
         with _quiet():  # each rejection is logged: thousands of lines
             if phase == STARTUP:
                 count = sweep_startup(startup(family), family, examples, seed)
+            elif phase in STATISTICS_QUERIES:
+                count = sweep_statistics(statistics_startup(), phase, examples, seed)
             else:
                 count = sweep_phase(federation(family), family, phase, examples, seed)
         counts.append(count)

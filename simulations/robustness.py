@@ -100,7 +100,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 CLIENTS = 6  # clients of a fuzz run; every one trains every round
 SIGN_FLIP_SCALE = 10.0
-SWEEP_REPLIES = 1250  # per case: 10 federations x 2 phases + 3 start-up votes = 28,750
+SWEEP_REPLIES = 1250  # per case: 10 federations x 2 phases, 3 votes, 3 FedGMM statistics
 QUICK_SWEEP_REPLIES = 10
 REPLIES_PER_ROUND = (4, 10, 40)
 ALGORITHMS = ("fedrep", "fedavg")

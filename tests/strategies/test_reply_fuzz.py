@@ -22,13 +22,17 @@ from fedpers.simulations import reply_fuzz
 from fedpers.simulations.reply_fuzz import (
     FAMILIES,
     STARTUP_FAMILIES,
+    STATISTICS_QUERIES,
     evaluation_violations,
     federation,
     replies,
+    scaled_statistics,
     smuggled,
     startup,
     startup_answers,
     startup_violations,
+    statistics_startup,
+    statistics_violations,
     training_violations,
 )
 
@@ -82,6 +86,26 @@ def test_no_startup_answer_chooses_the_initial_model_or_blocks_the_vote(family: 
     @given(answers=startup_answers(harness))
     def check(answers: dict[bool, RecordDict]) -> None:
         found, _ = startup_violations(harness, answers)
+        assert not found, found
+
+    check()
+
+
+@pytest.mark.parametrize("query", STATISTICS_QUERIES)
+def test_no_startup_statistics_break_fedgmms_initial_state(query: str) -> None:
+    """One node of four answers one of FedGMM's start-up statistics queries (pooled PCA
+    moments, k-means centroids, the statistics nearest each initial mean) with a
+    generated answer: the start-up raises nothing, the initial state is well formed
+    (the honest state's arrays, finite, covariances positive definite) and within
+    ``STARTUP_BOUND`` of the honest state's scale, and no honest node is rejected."""
+    harness = statistics_startup()
+    template = harness.templates[query]
+
+    @FUZZ
+    @given(answer=replies(template))
+    @example(answer=scaled_statistics(template, 1e8))  # in shape, counts and type
+    def check(answer: RecordDict) -> None:
+        found, _ = statistics_violations(harness, query, answer)
         assert not found, found
 
     check()
