@@ -278,8 +278,10 @@ def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 
     stack = matrices.reshape(-1, *matrices.shape[-2:])
     d = matrices.shape[-1]
     for index, matrix in enumerate(stack):
-        scale = max(1.0, float(np.max(np.abs(matrix), initial=0.0)))
         where = f"'{name}'" if len(stack) == 1 else f"'{name}' [{index}]"
+        if not np.all(np.isfinite(matrix)):  # finite inputs can overflow on the way here
+            return f"{where} is not finite"
+        scale = max(1.0, float(np.max(np.abs(matrix), initial=0.0)))
         if not np.allclose(matrix, matrix.T, rtol=0, atol=tolerance * scale):
             return f"{where} is not symmetric"
         lowest = float(np.min(np.linalg.eigvalsh(matrix), initial=0.0))

@@ -226,3 +226,15 @@ def test_one_changed_norm_cannot_raise_the_bound_beyond_the_others_largest(
     bound, beyond = screening.norm_outliers([*honest, attacker], cap)
     assert cap * min(honest) <= bound <= cap * max(honest)
     assert (len(honest) in beyond) == (attacker > bound)
+
+
+def test_a_matrix_that_overflowed_is_not_positive_semi_definite() -> None:
+    # Finite statistics can imply an infinite covariance (1e300 squared): inf passed the
+    # symmetry test (atol inf) and eigvalsh gave no negative eigenvalue to find.
+    identity = np.eye(3)
+    for bad in (np.inf, -np.inf, np.nan):
+        matrix = identity.copy()
+        matrix[0, 0] = bad
+        reason = screening.symmetric_psd_defect("c", np.stack([identity, matrix]))
+        assert reason == "'c' [1] is not finite"
+    assert screening.symmetric_psd_defect("c", identity[None]) is None
