@@ -134,12 +134,14 @@ class SheafFMTLSettings:
         "over an agent's edges (the authors' 0.001)",
     )
     sheaf_fmtl_gamma: float = setting(
-        0.01,
+        0.005,
         "Sheaf-FMTL: an edge's interaction space has floor(gamma x the smaller agent's "
-        "parameter count) dimensions (the authors' 0.01)",
+        "parameter count) dimensions (chosen on validation; the authors' 0.01)",
     )
     sheaf_fmtl_map_lr: float = setting(
-        1e-4, "Sheaf-FMTL: step size eta of the restriction maps (the authors' 1e-4)"
+        1e-5,
+        "Sheaf-FMTL: step size eta of the restriction maps (chosen on validation; the "
+        "authors' 1e-4)",
     )
 
     def check(self) -> None:
