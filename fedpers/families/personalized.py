@@ -222,9 +222,9 @@ class ClusteredFLSettings:
         "is below eps1 (near a stationary point of the cluster's objective; FedEM's 0.4)",
     )
     clustered_fl_eps2: float = setting(
-        1.6,
+        3.2,
         "Clustered FL: ... and the largest norm of its clients' updates is above eps2 "
-        "(some client is far from one; FedEM's 1.6)",
+        "(some client is far from one; chosen on validation, FedEM's 1.6)",
     )
     clustered_fl_max_clusters: int = setting(
         8, "Clustered FL: the most clusters a run may hold (the state keeps a model for each)"
