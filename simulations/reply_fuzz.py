@@ -584,13 +584,21 @@ def startup_violations(harness: Startup, answers: dict[bool, RecordDict]) -> Fou
     found: list[tuple[str, str]] = []
     if _digest(arrays) != _digest(harness.honest):  # names, shapes, dtypes and bytes
         found.append((BOUND, "the vote chose a model other than the honest majority's"))
+    found += _startup_rejection_violations(rejections)
+    return found, not rejections
+
+
+def _startup_rejection_violations(rejections: Sequence[str]) -> list[tuple[str, str]]:
+    """A start-up rejection of an honest node (any but ``ATTACKER``), or one without a
+    reason."""
+    found: list[tuple[str, str]] = []
     prefix = f"partition {ATTACKER}: "
     for rejection in rejections:
         if not rejection.startswith(prefix):
             found.append((VOIDED, f"an honest answer was rejected: {rejection}"))
         elif len(rejection) <= len(prefix):
             found.append((NO_REASON, "a rejection with an empty reason"))
-    return found, not rejections
+    return found
 
 
 def _digest(arrays: ArrayRecord) -> bytes:
@@ -599,13 +607,29 @@ def _digest(arrays: ArrayRecord) -> bytes:
 
 def sweep_startup(harness: Startup, family: str, examples: int, seed: int) -> SweepCount:
     """``examples`` generated answer pairs in place of the attacker's start-up answers."""
-    count = SweepCount(family, STARTUP)
+    return _sweep(
+        SweepCount(family, STARTUP),
+        startup_answers(harness),
+        lambda answers: startup_violations(harness, answers),
+        examples,
+        seed,
+    )
+
+
+def _sweep(
+    count: SweepCount,
+    generated: st.SearchStrategy[Any],
+    check: Callable[[Any], Found],
+    examples: int,
+    seed: int,
+) -> SweepCount:
+    """``count`` of ``check`` on ``examples`` values drawn from ``generated``, seeded."""
     started = time.monotonic()
 
     @_sweep_settings(examples, seed)
-    @given(answers=startup_answers(harness))
-    def one(answers: dict[bool, RecordDict]) -> None:
-        count.add(lambda: startup_violations(harness, answers))
+    @given(value=generated)
+    def one(value: Any) -> None:
+        count.add(lambda: check(value))
 
     one()
     count.seconds = time.monotonic() - started
@@ -684,12 +708,7 @@ def statistics_violations(harness: StatisticsStartup, query: str, answer: Record
         honest = max(float(np.max(np.abs(a.numpy()), initial=0.0)) for a in harness.honest.values())
         if largest > STARTUP_BOUND * honest:
             found.append((BOUND, f"an initial value of {largest:.3g}, honest {honest:.3g}"))
-    prefix = f"partition {ATTACKER}: "
-    for rejection in rejections:
-        if not rejection.startswith(prefix):
-            found.append((VOIDED, f"an honest answer was rejected: {rejection}"))
-        elif len(rejection) <= len(prefix):
-            found.append((NO_REASON, "a rejection with an empty reason"))
+    found += _startup_rejection_violations(rejections)
     return found, not rejections
 
 
@@ -697,17 +716,13 @@ def sweep_statistics(
     harness: StatisticsStartup, query: str, examples: int, seed: int
 ) -> SweepCount:
     """``examples`` generated answers to ``query`` in place of the attacker's."""
-    count = SweepCount(STATISTICS_FAMILY, query)
-    started = time.monotonic()
-
-    @_sweep_settings(examples, seed)
-    @given(answer=replies(harness.templates[query]))
-    def one(answer: RecordDict) -> None:
-        count.add(lambda: statistics_violations(harness, query, answer))
-
-    one()
-    count.seconds = time.monotonic() - started
-    return count
+    return _sweep(
+        SweepCount(STATISTICS_FAMILY, query),
+        replies(harness.templates[query]),
+        lambda answer: statistics_violations(harness, query, answer),
+        examples,
+        seed,
+    )
 
 
 def scaled_statistics(template: RecordDict, factor: float) -> RecordDict:
@@ -831,16 +846,11 @@ def _quiet() -> Iterator[None]:
 
 def sweep_phase(fed: Federation, family: str, phase: str, examples: int, seed: int) -> SweepCount:
     """``examples`` generated replies in place of the attacker's ``phase`` reply."""
-    count = SweepCount(family, phase)
-    template = fed.template(phase)
     check = VIOLATIONS[phase]
-    started = time.monotonic()
-
-    @_sweep_settings(examples, seed)
-    @given(content=replies(template))
-    def one(content: RecordDict) -> None:
-        count.add(lambda: check(fed, content))
-
-    one()
-    count.seconds = time.monotonic() - started
-    return count
+    return _sweep(
+        SweepCount(family, phase),
+        replies(fed.template(phase)),
+        lambda content: check(fed, content),
+        examples,
+        seed,
+    )
