@@ -2,20 +2,34 @@
 
 Each node is a Context (its own state and node config) and a message is handled by
 calling the ClientApp directly, as a SuperNode would. Replies to a handler that raises
-become error replies, as in Flower. The tests use it, and so does the reply sweep of
-``simulations.robustness`` (``fedpers.simulations.reply_fuzz``).
+become error replies, as in Flower. The tests use it, and so do the reply sweep of
+``simulations.robustness`` (``fedpers.simulations.reply_fuzz``) and its attack table's
+``--in-process`` runs (``InProcessSimulation``, ``run_in_process``).
+
+``InProcessSimulation`` runs a whole run this way: the ServerApp's ``main`` on an
+``InProcessGrid`` of real ClientApps. A run writes what ``flwr run`` writes, every float
+to 1e-9 (the tests check it on each script's first run); a real run's start-up (about
+25 s here) and Ray's 0.3-0.7 s a round are what it saves.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedpers.clients.client_app import app as client_app
 from fedpers.config import schema_defaults
+from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
+from fedpers.simulations import launch
+from fedpers.simulations.launch import FlowerRunError
+from fedpers.strategies import server_app
 
 SERVER_NODE = 1
 
@@ -115,3 +129,81 @@ class InProcessGrid:
     ) -> Iterable[Message]:
         """Flower's ``Grid.send_and_receive``, without waiting for dropped replies."""
         return self.pull_messages(self.push_messages(messages))
+
+
+class InProcessSimulation:
+    """``LocalSimulation``'s interface, each run in this process: the ServerApp's
+    ``main`` on an ``InProcessGrid`` of real ClientApps, one node per virtual node, with
+    the run config that ``flwr run`` would pass. No SuperLink, no Ray, no start-up.
+
+    A run ends as under Flower: with its results directory, or with ``FlowerRunError``
+    and the reason its ``failure.json`` gives. ``runs`` lists the run names, in order.
+    Runs that a script starts from several threads run one at a time: each real run has
+    a process of its own, and nothing of one may leak into another.
+    """
+
+    one_at_a_time = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        echo: Callable[[str], None] | None = None,
+        keep_home: bool = False,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        self.runs: list[str] = []
+        self.process = None
+
+    def __enter__(self) -> InProcessSimulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(
+        self,
+        overrides: Mapping[str, Any],
+        *,
+        num_supernodes: int | None = None,
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> Path:
+        config = launch.resolved_config(overrides)
+        directory = run_directory(config.results_dir, config.run_name)
+        if (directory / SUMMARY_FILE).exists() and not config.resume:
+            raise ResultsExistError(f"{directory} already holds results; remove it first")
+        values = config.to_mapping()
+        grid = InProcessGrid(client_app, values, num_supernodes or config.num_clients)
+        context = Context(
+            run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values
+        )
+        with self.one_at_a_time:
+            self.runs.append(config.run_name)
+            try:
+                server_app.main(grid, context)  # type: ignore[arg-type]
+            except Exception as error:  # the run ended; what it wrote says how
+                ended = f"{type(error).__name__}: {error}"
+            else:
+                ended = "no error"
+        if (directory / SUMMARY_FILE).exists():
+            return directory
+        failure = directory / FAILURE_FILE
+        reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"
+        raise FlowerRunError(f"run '{config.run_name}' failed: {reason} ({ended})")
+
+    def run_all(
+        self, runs: Sequence[Mapping[str, Any]], *, parallel: int = 1, **kwargs: Any
+    ) -> list[Path]:
+        for overrides in runs:
+            launch.resolved_config(overrides)
+        return [self.run(overrides, **kwargs) for overrides in runs]
+
+
+def run_in_process(overrides: Mapping[str, Any]) -> Path | None:
+    """One run in this process (``InProcessSimulation``), for a process pool: its
+    results directory, or None where it did not finish (said on stdout)."""
+    try:
+        return InProcessSimulation().run(overrides)
+    except FlowerRunError as error:
+        print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
+        return None

@@ -3,6 +3,7 @@ every aggregation.
 
     python -m simulations.robustness --out DIR [--quick] [--scale S] [--parallel N]
                                      [--sweep-replies N] [--replies-per-round 4,10,40]
+                                     [--in-process] [--skip-fuzz | --skip-attacks]
 
 1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL) and each kind of
    malformed reply or attack that applies to it (``fedpers.faults.KINDS``), a case: one
@@ -26,7 +27,9 @@ every aggregation.
    (1e12 samples claimed); under each aggregation, at each of ``--replies-per-round``
    (``fraction-train`` = replies / clients; the trimmed mean cuts ``ceil(trim x k)``
    of k). ``clean`` is the plain mean without attackers; every accuracy is the usual
-   final accuracy (mean of the last 10 rounds).
+   final accuracy (mean of the last 10 rounds). ``--in-process`` runs them without the
+   SuperLink and Ray (``fedpers.simulations.inprocess``): the same numbers, each run in
+   about 40% of the time (a 4-reply run: 34 s against 82 s).
 
 Writes DIR/summary.json ``{"fuzz": {"cases": N, "runs_crashed": n, "replies_rejected":
 n, "corrupt_states_adopted": n, ...}, "sweep": {"replies": N, "exceptions": n,
@@ -39,9 +42,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,7 @@ from fedpers.aggregation import Aggregation
 from fedpers.reports import read_rounds, read_summary
 from fedpers.results import final_mean, write_json
 from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
+from fedpers.simulations.inprocess import run_in_process
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.stats import add_statistics
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
     seeds = seeds_of(args)
     runs_dir = args.out.expanduser().resolve() / "runs"
-    cases = fuzz_cases(args.quick)
+    cases = {} if args.skip_fuzz else fuzz_cases(args.quick)
     # the fuzz sweep checks what is rejected, not accuracy: one run per family, first seed
     fuzz = {
         name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
@@ -340,7 +345,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     out = prepare_output(args.out, overwrite=args.overwrite)
     sweep = _reply_sweep(sweep_replies, seeds[0])
-    done = _run_all(args, [*fuzz.values(), *attacks])
+    if args.in_process:  # the fuzz cases through Flower, the attack table in process
+        done = [*_run_all(args, list(fuzz.values())), *_run_in_process(args, attacks)]
+    else:
+        done = _run_all(args, [*fuzz.values(), *attacks])
     fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
@@ -386,6 +394,8 @@ def _planned_attacks(
 def _run_all(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path | None]:
     """Every run on one local SuperLink, ``--parallel`` at a time; None where a run did
     not finish (said on stdout), so that one failed run leaves the others' results."""
+    if not runs:
+        return []
     kwargs = resources(args)
     with LocalSimulation() as simulation:
 
@@ -401,6 +411,18 @@ def _run_all(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path 
             return list(pool.map(attempt, runs))
 
 
+def _run_in_process(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path | None]:
+    """``runs`` in process (``--in-process``), each in a fresh process of a pool of
+    ``--parallel``: the ServerApp on an in-process grid of the real ClientApps, with the
+    numbers ``flwr run`` gives (``fedpers.simulations.inprocess``), without the
+    SuperLink, Ray and their start-up."""
+    if not runs:
+        return []
+    context = multiprocessing.get_context("spawn")  # nothing of one run leaks into another
+    with ProcessPoolExecutor(parallelism(args), mp_context=context, max_tasks_per_child=1) as pool:
+        return list(pool.map(run_in_process, runs))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = output_parser(__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -411,6 +433,16 @@ def _parser() -> argparse.ArgumentParser:
         f"(default {SIGN_FLIP_SCALE:g})",
     )
     parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
+    parser.add_argument(
+        "--skip-fuzz", action="store_true", help="no fuzz cases (the sweep and the attacks)"
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the attack table in process, without Flower's SuperLink and Ray: the "
+        "ServerApp on an in-process grid of the real ClientApps, the same numbers as "
+        "through flwr run, in about 40%% of the time (--parallel processes at a time)",
+    )
     parser.add_argument(
         "--sweep-replies",
         type=_count,
@@ -566,7 +598,7 @@ def _report(
     cases: list[Case],
 ) -> str:
     """table.md: the fault cases, then the reply sweep and the attack table if run."""
-    lines = _fuzz_section(fuzz, cases)
+    lines = _fuzz_section(fuzz, cases) if cases else []
     if sweep:
         lines += _sweep_section(sweep)
     if attack:

@@ -22,23 +22,20 @@ import json
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
 
-from fedpers.clients.client_app import app as client_app
 from fedpers.reports import read_rounds, read_summary
-from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 from fedpers.simulations import launch
-from fedpers.simulations.launch import FlowerRunError, LocalSimulation, processes_with_home
+from fedpers.simulations.inprocess import InProcessSimulation
+from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayHead
 from fedpers.strategies import server_app
-from tests.helpers import InProcessGrid
 
 
 @pytest.fixture(scope="session")
@@ -55,74 +52,6 @@ def simulation(ray_head: RayHead) -> Iterator[LocalSimulation]:
     ) as sim:
         yield sim
     assert processes_with_home(sim.home) == []
-
-
-class InProcessSimulation:
-    """``LocalSimulation``'s interface, each run in this process: the ServerApp's
-    ``main`` on an ``InProcessGrid`` of real ClientApps, one node per virtual node, with
-    the run config that ``flwr run`` would pass. No SuperLink, no Ray, no start-up.
-
-    A run ends as under Flower: with its results directory, or with ``FlowerRunError``
-    and the reason its ``failure.json`` gives. ``runs`` lists the run names, in order.
-    Runs that a script starts from several threads run one at a time: each real run has
-    a process of its own, and nothing of one may leak into another.
-    """
-
-    one_at_a_time = threading.Lock()
-
-    def __init__(
-        self,
-        *,
-        echo: Callable[[str], None] | None = None,
-        keep_home: bool = False,
-        environment: Mapping[str, str] | None = None,
-    ) -> None:
-        self.runs: list[str] = []
-        self.process = None
-
-    def __enter__(self) -> InProcessSimulation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def run(
-        self,
-        overrides: Mapping[str, Any],
-        *,
-        num_supernodes: int | None = None,
-        cpus_per_client: int = 1,
-        gpus_per_client: float = 0.0,
-    ) -> Path:
-        config = launch.resolved_config(overrides)
-        directory = run_directory(config.results_dir, config.run_name)
-        if (directory / SUMMARY_FILE).exists() and not config.resume:
-            raise ResultsExistError(f"{directory} already holds results; remove it first")
-        values = config.to_mapping()
-        grid = InProcessGrid(client_app, values, num_supernodes or config.num_clients)
-        context = Context(
-            run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values
-        )
-        with self.one_at_a_time:
-            self.runs.append(config.run_name)
-            try:
-                server_app.main(grid, context)  # type: ignore[arg-type]
-            except Exception as error:  # the run ended; what it wrote says how
-                ended = f"{type(error).__name__}: {error}"
-            else:
-                ended = "no error"
-        if (directory / SUMMARY_FILE).exists():
-            return directory
-        failure = directory / FAILURE_FILE
-        reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"
-        raise FlowerRunError(f"run '{config.run_name}' failed: {reason} ({ended})")
-
-    def run_all(
-        self, runs: Sequence[Mapping[str, Any]], *, parallel: int = 1, **kwargs: Any
-    ) -> list[Path]:
-        for overrides in runs:
-            launch.resolved_config(overrides)
-        return [self.run(overrides, **kwargs) for overrides in runs]
 
 
 FLOWER_ROUNDS = 2  # rounds of the first run's configuration that go through Flower

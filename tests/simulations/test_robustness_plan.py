@@ -4,12 +4,14 @@ no output directory behind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from fedpers.aggregation import Aggregation
 from fedpers.simulations import robustness
+from fedpers.simulations.inprocess import InProcessSimulation
 
 
 def test_the_full_table_runs_every_cell_at_4_10_and_40_replies() -> None:
@@ -61,3 +63,28 @@ def test_bad_flags_are_refused_before_anything_is_written(
         robustness.main(["--out", str(out), *flags])
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_in_process_attack_runs_match_a_run_in_this_process(tmp_path: Path) -> None:
+    """--in-process hands each attack run to a fresh process (spawned, one run each) and
+    puts its result in the table: the same final accuracy, to the bit, as the same run
+    in this process (which the scripts' tests check against flwr run)."""
+    flags = ["--quick", "--skip-fuzz", "--sweep-replies", "0", "--in-process"]
+    flags += ["--replies-per-round", "10", "--algorithms", "fedavg", "--attacks", "clean"]
+    summary = robustness.main(["--out", str(tmp_path / "pool"), *flags, "--parallel", "2"])
+    assert summary["fuzz"]["cases"] == 0
+    [run] = robustness.attack_runs(
+        True,
+        10.0,
+        tmp_path / "here",
+        (0,),
+        {},
+        (10,),
+        robustness.Selection(frozenset({"fedavg"}), frozenset({"mean"}), frozenset({"clean"})),
+    )
+    directory = InProcessSimulation().run(run)
+    expected = json.loads((directory / "summary.json").read_text())["final_accuracy"]
+    assert summary["attack"]["10"]["fedavg"]["clean"] == expected
+    table = (tmp_path / "pool" / "table.md").read_text()
+    assert "# Fuzz sweep" not in table
+    assert "# Attacks" in table
