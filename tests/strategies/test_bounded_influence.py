@@ -16,12 +16,15 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
-from fedpers import protocol
+from fedpers import linear, protocol
 from fedpers.aggregation import AggregationError, trimmed_mean
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import ConfigError, RunConfig
+from fedpers.data.synthetic import LinearTasks
+from fedpers.families import linear as linear_family
 from fedpers.families import mixture as mixture_family
 from fedpers.families import sheaf as sheaf_family
+from fedpers.families.linear import BODY as LINEAR_BODY
 from fedpers.results import RoundRecord
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
@@ -211,19 +214,24 @@ def test_an_evaluation_weight_cannot_set_the_reported_accuracy() -> None:
     assert record.evaluate[protocol.ACCURACY] < 0.99
 
 
-def test_fedgmm_responsibilities_and_statistics_scale_with_a_capped_weight() -> None:
+@pytest.mark.parametrize("algorithm", ["fedem", "fedgmm"])
+def test_mixture_responsibilities_and_statistics_scale_with_a_capped_weight(
+    algorithm: str,
+) -> None:
     factor = 1e6
 
     def inflate(request: Message, reply: Message) -> Message:
-        # Consistent and in bound: every sum over its samples scaled alike
+        # Consistent and in bound: every sum over its samples scaled alike (FedEM sends
+        # gamma and no Gaussian statistics)
         arrays = reply.content.array_records[protocol.ARRAYS]
         for name in (mixture_family.GAMMA, *_STATISTICS):
-            arrays[name] = Array(arrays[name].numpy() * factor)
+            if name in arrays:
+                arrays[name] = Array(arrays[name].numpy() * factor)
         claimed = screening.num_examples(reply)
         return _with_metrics(reply, num_examples=claimed * factor)
 
     overrides = {
-        "algorithm": "fedgmm",
+        "algorithm": algorithm,
         "dataset": "mixture",
         "samples_per_client": 60,
         "lr": 0.5,
@@ -238,7 +246,8 @@ def test_fedgmm_responsibilities_and_statistics_scale_with_a_capped_weight() -> 
     arrays = screening.arrays_of(reply)
     # gamma was never capped before: it weighed the learners and the components by 1e6
     assert float(arrays[mixture_family.GAMMA].sum()) == pytest.approx(bound)
-    assert float(arrays[mixture_family.STATS_COUNT].sum()) == pytest.approx(bound)
+    if algorithm == "fedgmm":
+        assert float(arrays[mixture_family.STATS_COUNT].sum()) == pytest.approx(bound)
     assert screening.num_examples(reply) == bound
 
 
@@ -468,3 +477,75 @@ def test_fedgmm_statistics_spread_far_beyond_the_rounds_are_left_out() -> None:
     (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
     assert "beyond update-cap 100 squared x the round's lower median" in reason, reason
     assert record.replies == NODES - 1
+
+
+# ------------------------------------------------ robust aggregation at 4 replies
+def _within_the_honest_replies(
+    adopted: dict[str, np.ndarray], replies: dict[int, dict[str, np.ndarray]], names: Any
+) -> bool:
+    """Every adopted value between the least and the greatest honest reply's."""
+    honest = [arrays for partition, arrays in replies.items() if partition != ATTACKER]
+    for name in names:
+        stack = np.stack([arrays[name] for arrays in honest])
+        if np.any(adopted[name] < stack.min(0)) or np.any(adopted[name] > stack.max(0)):
+            return False
+    return True
+
+
+def test_fedavg_under_the_trimmed_mean_at_4_replies_stays_within_the_honest_replies() -> None:
+    # A sign flip x50: within update-cap, so kept; int(0.2 x 4) = 0 trimmed nothing, and
+    # FedAvg moved as far as under the plain mean. ceil cuts one value at each end, so
+    # with one attacker every adopted value lies between two honest ones
+    attack = {MessageType.TRAIN: _amplified(-50.0)}
+    for aggregation, within in (("mean", False), ("trimmed-mean", True)):
+        strategy, records, aggregated = _run(attack, aggregation=aggregation)
+        (record,) = records
+        assert record.replies == NODES
+        replies = {strategy.federation.partition(r): screening.arrays_of(r) for r in aggregated[0]}
+        adopted = strategy.adopted  # type: ignore[attr-defined]
+        assert _within_the_honest_replies(adopted, replies, adopted) is within, aggregation
+
+
+def _subspace_attack(basis: np.ndarray) -> Tamper:
+    """Linear FedRep: the representation sent back as ``scale`` x ``basis`` (d x k),
+    ``scale`` the largest that keeps the update within 0.9 x update-cap x its own
+    honest update, so that it is kept."""
+
+    def tamper(request: Message, reply: Message) -> Message:
+        sent = request.content.array_records[protocol.ARRAYS][LINEAR_BODY].numpy()
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        own = float(np.linalg.norm(arrays[LINEAR_BODY].numpy() - sent))
+        budget = 0.9 * UPDATE_CAP * own
+        scale = budget / float(np.linalg.norm(basis))  # the update is about scale x basis
+        arrays[LINEAR_BODY] = Array(np.ascontiguousarray(scale * basis.T))
+        return reply
+
+    return tamper
+
+
+def test_linear_fedrep_at_4_replies_does_not_adopt_an_attackers_subspace() -> None:
+    linear_overrides = {"dataset": "linear", "algorithm": "fedrep", "linear_samples": 20}
+    config = RunConfig.from_mapping(run_config(num_clients=NODES, **linear_overrides))
+    settings = linear_family.settings(config)
+    tasks = LinearTasks(
+        settings.linear_dim, settings.linear_rank, settings.linear_noise_std, config.seed
+    )
+    truth = tasks.representation
+    dim, rank = truth.shape
+    # An orthonormal basis of a subspace orthogonal to the truth's
+    rng = np.random.default_rng(0)
+    complement = np.linalg.qr(np.concatenate([truth, rng.normal(size=(dim, rank))], axis=1))[0]
+    basis = complement[:, rank:]
+    attack = {MessageType.TRAIN: _subspace_attack(basis)}
+    distance = {}
+    for aggregation in ("mean", "trimmed-mean"):
+        strategy, records, _ = _run(attack, aggregation=aggregation, **linear_overrides)
+        (record,) = records
+        assert record.replies == NODES  # kept: within update-cap
+        adopted = strategy.adopted[LINEAR_BODY].T  # type: ignore[attr-defined]
+        distance[aggregation] = linear.principal_angle_distance(adopted, basis)
+    # Under the mean (and the trimmed mean before ceil, which cut nothing of 4) the
+    # representation became the attacker's subspace, within 14 degrees (sine 0.23); the
+    # trimmed mean keeps it orthogonal to it (sine 0.999)
+    assert distance["mean"] < 0.3, distance
+    assert distance["trimmed-mean"] > 0.99, distance
