@@ -37,6 +37,15 @@ every client knows: noise drawn from it could be subtracted, and a sample known 
 adversary amplifies nothing. With ``z = 0`` there is no guarantee (epsilon is infinite)
 and the sample stays the seeded one.
 
+Adaptive clipping (``dp-clip-quantile`` > 0, central only; Andrew et al., "Differentially
+Private Learning with Adaptive Clipping", NeurIPS 2021): the clip starts at ``dp-clip``
+and after each round moves geometrically toward the ``dp-clip-quantile`` quantile of the
+sampled clients' update norms, estimated from a noised count of the updates within it
+(``adapted_clip``). The count's noise ``sigma_b`` (``dp-clip-count-std``) takes a part of
+the budget: the update's noise multiplier becomes ``(z^-2 - (2 sigma_b)^-2)^(-1/2)``, so
+that both releases of a round together are the Gaussian mechanism of multiplier ``z``
+that the accountant counts (their Theorem 1).
+
 Nothing here imports torch or Flower; ``dp_accounting`` is imported when an epsilon is
 computed.
 """
@@ -117,6 +126,20 @@ class PrivacySettings:
         "1/sqrt(dp-min-clients) of it (0: the expected number sampled)",
     )
     dp_server_lr: float = setting(1.0, "the server's step along the noised mean update")
+    dp_clip_quantile: float = setting(
+        0.0,
+        "> 0: adaptive clipping (Andrew et al. 2021, central only): the clip follows this "
+        "quantile of the updates' norms, from dp-clip; 0: dp-clip throughout",
+    )
+    dp_clip_lr: float = setting(
+        0.2, "adaptive clipping: the clip's geometric step, C <- C exp(-lr (b - quantile))"
+    )
+    dp_clip_count_std: float = setting(
+        0.0,
+        "adaptive clipping: the noise on the count of updates within the clip (0: the "
+        "expected clients a round / 20, as Andrew et al.); must exceed the noise "
+        "multiplier / 2",
+    )
 
     def check(self) -> None:
         at_least("dp-clip", self.dp_clip, 0.0)
@@ -149,6 +172,33 @@ class PrivacySettings:
                 "run-config key 'dp-target-epsilon' needs a 'dp-clip' above 0: noise is "
                 "sized in multiples of the clip."
             )
+        self._check_adaptive_clip()
+
+    def _check_adaptive_clip(self) -> None:
+        within("dp-clip-quantile", self.dp_clip_quantile, "[0, 1)")
+        if not (math.isfinite(self.dp_clip_lr) and self.dp_clip_lr > 0):
+            raise ConfigError(
+                f"run-config key 'dp-clip-lr' = {self.dp_clip_lr} must be finite and "
+                "greater than 0."
+            )
+        if not (math.isfinite(self.dp_clip_count_std) and self.dp_clip_count_std >= 0):
+            raise ConfigError(
+                f"run-config key 'dp-clip-count-std' = {self.dp_clip_count_std} must be "
+                "finite and at least 0 (0: the expected clients a round / 20)."
+            )
+        if self.dp_clip_quantile == 0 or self.dp is DpMode.NONE:
+            return
+        if self.dp is DpMode.DISTRIBUTED:
+            raise ConfigError(
+                "run-config key 'dp-clip-quantile' (adaptive clipping) works with dp = "
+                "'central' only: under 'distributed' each device clips with a clip it "
+                "must know before it trains. Set dp-clip-quantile = 0, or dp = 'central'."
+            )
+        if self.dp_clip == 0:
+            raise ConfigError(
+                "run-config key 'dp-clip-quantile' needs a 'dp-clip' above 0: the clip "
+                "it adapts starts there."
+            )
 
 
 @dataclass(frozen=True)
@@ -178,6 +228,13 @@ class Mechanism:
         Distributed: replies that together carry the full noise.
     server_lr : float
         The server's step along the noised mean update.
+    clip_quantile : float
+        Adaptive clipping's target quantile ``gamma`` (0: a fixed clip).
+    clip_lr : float
+        Adaptive clipping's geometric step ``eta_C``.
+    count_std : float
+        Adaptive clipping: ``sigma_b``, the noise on the count of updates within the
+        clip (0 without adaptive clipping).
     """
 
     mode: DpMode
@@ -190,6 +247,25 @@ class Mechanism:
     delta: float
     min_clients: int
     server_lr: float
+    clip_quantile: float = 0.0
+    clip_lr: float = 0.2
+    count_std: float = 0.0
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the clip adapts (``dp-clip-quantile`` > 0)."""
+        return self.clip_quantile > 0
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """The noise on the sum of the updates, / the clip: ``z`` with a fixed clip;
+        with adaptive clipping ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the
+        update and the noised count together are one Gaussian mechanism of multiplier
+        ``z`` (Andrew et al. 2021, Theorem 1): the accountant counts ``z`` as before."""
+        z = self.noise_multiplier
+        if not self.adaptive or z == 0:
+            return z
+        return (z**-2 - (2 * self.count_std) ** -2) ** -0.5
 
     @property
     def neighboring(self) -> str:
@@ -207,7 +283,7 @@ class Mechanism:
         a finite clip and noise)."""
         if self.noise_multiplier == 0 or math.isinf(self.clip):
             return 0.0
-        return self.noise_multiplier * self.clip
+        return self.update_noise_multiplier * self.clip
 
     @property
     def share_std(self) -> float:
@@ -239,6 +315,16 @@ class Mechanism:
             "server_lr": self.server_lr,
             "accountant": accountant_name(self.sampling),
             "epsilon": self.epsilon(releases),
+            "adaptive_clip": (
+                {
+                    "quantile": self.clip_quantile,
+                    "lr": self.clip_lr,
+                    "count_std": self.count_std,
+                    "update_noise_multiplier": self.update_noise_multiplier,
+                }
+                if self.adaptive
+                else None
+            ),
         }
 
 
@@ -266,9 +352,18 @@ def mechanism(
         )  # fmt: skip
     minimum = settings.dp_min_clients or max(1, math.floor(cohort))
     clip = settings.dp_clip or math.inf
+    quantile = settings.dp_clip_quantile
+    count_std = (settings.dp_clip_count_std or cohort / 20) if quantile > 0 else 0.0
+    if quantile > 0 and noise > 0 and not 2 * count_std > noise:
+        raise ConfigError(
+            f"adaptive clipping: the count's noise dp-clip-count-std = {count_std:g} must "
+            f"exceed half the noise multiplier ({noise:g} / 2), or no noise is left for "
+            "the update (Andrew et al. 2021, Theorem 1); raise dp-clip-count-std, or "
+            "sample more clients a round (its default is the expected number / 20)."
+        )
     return Mechanism(
         settings.dp, clip, noise, settings.dp_sampling, population, rate, cohort,
-        delta, minimum, settings.dp_server_lr,
+        delta, minimum, settings.dp_server_lr, quantile, settings.dp_clip_lr, count_std,
     )  # fmt: skip
 
 
@@ -416,6 +511,24 @@ def release(
     }
 
 
+def adapted_clip(
+    norms: Sequence[float], missing: int, mechanism: Mechanism, generator: np.random.Generator
+) -> float:
+    """The next round's clip under adaptive clipping (Andrew et al. 2021, Algorithm 1,
+    geometric update): ``C exp(-eta_C (b - gamma))``, where ``b`` estimates the fraction
+    of the sampled clients' updates within the clip ``C`` (``mechanism.clip``),
+    ``b = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / cohort + 1/2`` with ``b_i = 1`` for
+    ``||Delta_i|| <= C``. ``norms`` are the round's usable updates' norms before
+    clipping; ``missing`` sampled clients sent none (a zero update, within the clip).
+    Centred, the count moves by at most 1/2 when a client joins or leaves, which is
+    the sensitivity ``update_noise_multiplier`` assumes."""
+    within_clip = sum(1 for n in norms if n <= mechanism.clip) + missing
+    centred = within_clip - (len(norms) + missing) / 2
+    noisy = centred + (generator.normal(0.0, mechanism.count_std) if mechanism.count_std else 0)
+    fraction = noisy / mechanism.cohort + 0.5
+    return mechanism.clip * math.exp(-mechanism.clip_lr * (fraction - mechanism.clip_quantile))
+
+
 def distributed_bound(mechanism: Mechanism, size: int) -> float:
     """The largest norm of an honest device's noised update of ``size`` values:
     ``C + s (sqrt(size) + 10)`` for the share's standard deviation ``s``. The noise's
@@ -530,6 +643,8 @@ def calibrate(
 # ---------------------------------------------------------------------------- a run
 EPSILON = "dp.epsilon"  # rounds.jsonl, server: epsilon spent after the round
 RELEASES = "dp.releases"  # rounds.jsonl, server: the releases that epsilon counts
+CLIP = "dp.clip"  # rounds.jsonl, server, adaptive clipping: the clip of the round
+NEXT_CLIP = "dp.next-clip"  # rounds.jsonl, server, adaptive clipping: the next round's
 
 
 def run_mechanism(run: RunConfig) -> Mechanism | None:

@@ -22,8 +22,10 @@ replies), ``combine``, ``final_test`` and ``round_metrics``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from flwr.app import (
@@ -42,6 +44,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedpers import privacy, protocol, records
 from fedpers.aggregation import aggregate
 from fedpers.algorithms import FinalTest
+from fedpers.checkpoint import ResumeError
 from fedpers.config import LrSchedule, RunConfig
 from fedpers.protocol import FinalTestResult
 from fedpers.results import RoundRecord
@@ -88,6 +91,10 @@ class FedpersStrategy(Strategy):
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
         self.privacy = privacy.run_mechanism(run)  # client-level DP, or None
         self.releases = 0  # rounds whose noised shared parts were released
+        # adaptive clipping: the clip of the next release, and of the last one
+        self.clip = self.privacy.clip if self.privacy is not None else math.inf
+        self.applied_clip = self.clip
+        self.sampled: list[int] = []  # the partitions sampled for this round's training
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
@@ -224,10 +231,12 @@ class FedpersStrategy(Strategy):
         else:
             generator = rng(self.run.seed, "sample", server_round)
         if mechanism is not None and mechanism.sampling is privacy.DpSampling.POISSON:
-            return privacy.poisson_sample(self.seen, mechanism.sampling_rate, generator)
+            self.sampled = privacy.poisson_sample(self.seen, mechanism.sampling_rate, generator)
+            return self.sampled
         count = self.run.clients_per_round
         chosen = generator.choice(self.seen, count, replace=False)
-        return sorted(int(p) for p in chosen)
+        self.sampled = sorted(int(p) for p in chosen)
+        return self.sampled
 
     def lr_factor(self, server_round: int) -> float:
         """Multiplier of the learning rate in ``server_round`` under the schedule."""
@@ -332,14 +341,43 @@ class FedpersStrategy(Strategy):
             return None, metrics
         arrays = [screening.arrays_of(reply) for reply in valid]
         if self.privacy is not None:
-            generator = privacy.secret_generator()
-            averaged = privacy.release(arrays, self.current_shared, self.privacy, generator)
-            self.releases += 1
+            averaged = self.private_release(arrays, self.privacy)
         else:
             weights = [screening.num_examples(reply) for reply in valid]
             averaged = self.combine(arrays, weights, self.current_shared)
         record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in averaged.items()})
         return record, metrics
+
+    def private_release(
+        self, arrays: list[dict[str, np.ndarray]], run_mechanism: privacy.Mechanism
+    ) -> dict[str, np.ndarray]:
+        """The round's release of a private run (``fedpers.privacy.release``) at the
+        current clip; under adaptive clipping also the next round's clip, from the
+        updates' norms before clipping (``fedpers.privacy.adapted_clip``)."""
+        mechanism = dataclasses.replace(run_mechanism, clip=self.clip)
+        generator = privacy.secret_generator()
+        averaged = privacy.release(arrays, self.current_shared, mechanism, generator)
+        self.releases += 1
+        self.applied_clip = self.clip
+        if mechanism.adaptive:
+            reference = self.current_shared
+            norms = [privacy.update_norm({n: a[n] for n in reference}, reference) for a in arrays]
+            missing = max(0, len(self.sampled) - len(arrays))
+            self.clip = privacy.adapted_clip(norms, missing, mechanism, generator)
+        return averaged
+
+    def resume_after(self, records: Sequence[RoundRecord]) -> None:
+        """Continue a resumed run from ``records`` (its rounds up to its checkpoint's):
+        under adaptive clipping, at the clip the last of them chose."""
+        if self.privacy is None or not self.privacy.adaptive or not records:
+            return
+        last = records[-1].server.get(privacy.NEXT_CLIP)
+        if last is None:
+            raise ResumeError(
+                f"round {records[-1].round} of rounds.jsonl has no '{privacy.NEXT_CLIP}': "
+                "an adaptive clip cannot continue from it; start the run afresh"
+            )
+        self.clip = self.applied_clip = float(last)
 
     def combine(
         self,
@@ -413,9 +451,11 @@ class FedpersStrategy(Strategy):
         counts; none otherwise."""
         if self.privacy is None:
             return {}
+        adaptive = {privacy.CLIP: self.applied_clip, privacy.NEXT_CLIP: self.clip}
         return {
             privacy.EPSILON: self.privacy.epsilon(self.releases),
             privacy.RELEASES: float(self.releases),
+            **(adaptive if self.privacy.adaptive else {}),
         }
 
     # ------------------------------------------------------------------ screening

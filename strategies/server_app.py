@@ -148,6 +148,7 @@ def _run(
     started["partitions_known"] = time.time()
     if checkpoint is not None:
         initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
+        strategy.resume_after(recorder.records)
     else:
         initial = strategy.initial_arrays(grid, timeout=config.startup_timeout)
         if evaluate_fn is not None:

@@ -4,6 +4,7 @@ Gaussian mechanism, scipy's chi-squared quantiles)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -303,3 +304,108 @@ def test_a_run_mechanism_reads_the_population_and_the_default_delta() -> None:
     assert mechanism.delta == pytest.approx(200**-1.1)
     assert mechanism.neighboring == privacy.ADD_OR_REMOVE_ONE
     assert privacy.run_mechanism(load_run_config({})) is None
+
+
+# ------------------------------------------------------------------ adaptive clipping
+def _adaptive(**changes: object) -> Mechanism:
+    return _mechanism(**{"clip_quantile": 0.5, "clip_lr": 0.2, "count_std": 0.5, **changes})
+
+
+@pytest.mark.parametrize(("noise", "count_std"), [(1.0, 0.5 + 1e-9), (1.0, 2.0), (0.5, 10.0)])
+def test_the_update_and_the_count_together_spend_the_accounted_multiplier(
+    noise: float, count_std: float
+) -> None:
+    """Andrew et al.'s Theorem 1, checked by an independent route: the RDP accountant
+    composing the two Gaussian releases of a round (the update at z_Delta, the centred
+    count at 2 sigma_b: its sensitivity is 1/2) spends what one release at z spends."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    mechanism = _adaptive(noise_multiplier=noise, count_std=count_std)
+    z_update = mechanism.update_noise_multiplier
+    assert z_update > noise  # the count takes a part of the budget
+    assert mechanism.sum_std == pytest.approx(z_update * mechanism.clip)
+
+    def spent(event: dp_accounting.DpEvent) -> float:
+        accountant = RdpAccountant()
+        sampled = dp_accounting.PoissonSampledDpEvent(0.05, event)
+        accountant.compose(dp_accounting.SelfComposedDpEvent(sampled, 100))
+        return float(accountant.get_epsilon(1e-5))
+
+    both = dp_accounting.ComposedDpEvent(
+        [dp_accounting.GaussianDpEvent(z_update), dp_accounting.GaussianDpEvent(2 * count_std)]
+    )
+    assert spent(both) == pytest.approx(spent(dp_accounting.GaussianDpEvent(noise)), rel=1e-9)
+
+
+def test_the_clip_moves_geometrically_by_the_counted_fraction() -> None:
+    """Without the count's noise, the closed form of Algorithm 1: C exp(-eta (b - gamma)),
+    b the fraction of the expected cohort within the clip (a missing reply is a zero
+    update: within)."""
+    mechanism = _adaptive(count_std=0.0, cohort=10.0, clip=2.0)
+    generator = np.random.default_rng(0)
+    norms = [0.5, 1.0, 2.0, 3.0, 4.0, 9.0, 2.5, 0.1]  # 4 within the clip of 2
+    adapted = privacy.adapted_clip(norms, 2, mechanism, generator)  # and 2 missing: 6 of 10
+    assert adapted == pytest.approx(2.0 * math.exp(-0.2 * (0.6 - 0.5)))
+    every = privacy.adapted_clip([0.1] * 10, 0, mechanism, generator)
+    none = privacy.adapted_clip([9.0] * 10, 0, mechanism, generator)
+    assert every == pytest.approx(2.0 * math.exp(-0.2 * 0.5))  # all within: it shrinks
+    assert none == pytest.approx(2.0 * math.exp(0.2 * 0.5))  # none within: it grows
+
+
+def test_the_count_noise_has_the_stated_standard_deviation() -> None:
+    """log(C'/C) = -eta (b - gamma), so over many draws its standard deviation is
+    eta sigma_b / cohort: chi-squared bounds at FALSE_FAILURE."""
+    mechanism = _adaptive(count_std=3.0, cohort=40.0)
+    generator = np.random.default_rng(1)
+    draws = 20_000
+    logs = np.array(
+        [math.log(privacy.adapted_clip([0.5] * 40, 0, mechanism, generator)) for _ in range(draws)]
+    )
+    expected = 0.2 * 3.0 / 40.0
+    variance = float(np.var(logs, ddof=1))
+    low = stats.chi2.ppf(FALSE_FAILURE / 2, draws - 1) / (draws - 1)
+    high = stats.chi2.ppf(1 - FALSE_FAILURE / 2, draws - 1) / (draws - 1)
+    assert low * expected**2 <= variance <= high * expected**2
+
+
+def test_the_clip_converges_to_the_target_quantile_of_the_norms() -> None:
+    """Iterated on a fixed population of update norms (lognormal), the clip settles near
+    their gamma-quantile: within the norms' 5-percentile band around it."""
+    rng = np.random.default_rng(2)
+    population = rng.lognormal(mean=0.0, sigma=1.0, size=1000)
+    for quantile in (0.3, 0.5, 0.8):
+        mechanism = _adaptive(clip_quantile=quantile, count_std=5.0, cohort=100.0, clip=10.0)
+        clip = mechanism.clip
+        history = []
+        for _ in range(400):
+            cohort = rng.choice(population, 100, replace=False)
+            clip = privacy.adapted_clip(cohort, 0, dataclasses.replace(mechanism, clip=clip), rng)
+            history.append(clip)
+        settled = float(np.median(history[-100:]))
+        low, high = np.quantile(population, [quantile - 0.05, quantile + 0.05])
+        assert low <= settled <= high, (quantile, settled, low, high)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"dp": "distributed", "dp-clip-quantile": 0.5}, "'central' only"),
+        ({"dp": "central", "dp-clip-quantile": 1.0}, "'dp-clip-quantile'"),
+        ({"dp": "central", "dp-clip-quantile": 0.5, "dp-clip": 0.0}, "starts there"),
+        ({"dp": "central", "dp-clip-lr": 0.0}, "'dp-clip-lr'"),
+        ({"dp": "central", "dp-clip-count-std": -1.0}, "'dp-clip-count-std'"),
+    ],
+)
+def test_bad_adaptive_clipping_settings_are_refused(overrides: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(overrides)
+
+
+def test_a_count_noise_too_small_for_the_noise_multiplier_is_refused() -> None:
+    # 10 clients a round: sigma_b defaults to 0.5, and z = 1 needs sigma_b > 0.5
+    run = load_run_config(
+        {"dp": "central", "dp-clip-quantile": 0.5, "num-clients": 100, "unseen-fraction": 0.0}
+    )
+    with pytest.raises(ConfigError, match=r"must exceed half the noise multiplier \(1 / 2\)"):
+        privacy.run_mechanism(run)

@@ -4,6 +4,7 @@ bit, and a private run records the epsilon it spent, as a second accountant coun
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -98,3 +99,39 @@ def test_a_target_epsilon_chooses_the_noise_and_is_not_exceeded(tmp_path: Path) 
     assert summary["noise_multiplier"] == pytest.approx(
         privacy.calibrate(8.0, DpSampling.WITHOUT_REPLACEMENT, 0.5, 8, 4.0, 3, 8**-1.1)
     )
+
+
+def test_an_adaptive_clip_is_recorded_applied_and_resumed(tmp_path: Path) -> None:
+    """Adaptive clipping end to end: each round applies the clip the round before chose
+    (from dp-clip), the epsilon is the fixed-clip run's (the accountant counts z), and
+    a resumed strategy continues from the clip of its last recorded round."""
+    from fedpers.checkpoint import ResumeError
+    from fedpers.config import load_run_config
+    from fedpers.reports import read_rounds
+    from fedpers.strategies import build_strategy
+
+    adaptive = {
+        "dp": "central", "dp-noise-multiplier": 1.0, "dp-clip": 0.5,
+        "dp-clip-quantile": 0.5, "dp-clip-count-std": 1.0, "dp-delta": 1e-5,
+    }  # fmt: skip
+    directory = _run(tmp_path, "adaptive", **adaptive)
+    rounds = [r["server"] for r in _rounds(directory)]
+    assert rounds[0][privacy.CLIP] == 0.5
+    for before, after in itertools.pairwise(rounds):
+        assert after[privacy.CLIP] == before[privacy.NEXT_CLIP]
+    assert len({r[privacy.CLIP] for r in rounds}) == len(rounds)  # it moved every round
+    summary = json.loads((directory / "summary.json").read_text())["privacy"]
+    assert summary["adaptive_clip"]["update_noise_multiplier"] == pytest.approx(
+        (1.0 - (2 * 1.0) ** -2) ** -0.5
+    )
+    expected = privacy.epsilon(DpSampling.POISSON, 1.0, 0.5, 8, 4.0, 3, 1e-5)
+    assert summary["epsilon"] == pytest.approx(expected)
+    # Resume after round 2: the strategy continues at round 2's next clip
+    config = load_run_config({**BASE, **adaptive})
+    strategy = build_strategy(config)
+    records = read_rounds(directory)[:2]
+    strategy.resume_after(records)
+    assert strategy.clip == rounds[1][privacy.NEXT_CLIP]
+    del records[-1].server[privacy.NEXT_CLIP]
+    with pytest.raises(ResumeError, match=r"round 2 of rounds.jsonl has no 'dp.next-clip'"):
+        build_strategy(config).resume_after(records)
