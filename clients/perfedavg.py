@@ -10,11 +10,12 @@ client's data. A sampled client takes, for each local step, independent mini-bat
     FO: w <- w - beta grad f(w'; D')
     HF: w <- w - beta (I - alpha H(w; D'')) grad f(w'; D')      (a Hessian-vector product)
 
-``alpha`` is ``per-fedavg-alpha``; ``beta`` is the round's learning rate, applied by the
-run's optimizer (its momentum and weight decay, as every other row's local update). The
-mini-batches come from the run's random order of each epoch, taken in consecutive
-groups of two (FO) or three (HF), so an epoch is ``floor(batches / 2)`` or
-``floor(batches / 3)`` steps (one step, reusing batches, when there are fewer).
+``alpha`` is ``per-fedavg-alpha`` (FO) or ``per-fedavg-hf-alpha`` (HF); ``beta`` is the
+round's learning rate, applied by the run's optimizer (its momentum and weight decay, as
+every other row's local update). The mini-batches come from the run's random order of
+each epoch, taken in consecutive groups of two (FO) or three (HF), so an epoch is
+``floor(batches / 2)`` or ``floor(batches / 3)`` steps (one step, reusing batches, when
+there are fewer).
 A client is tested after the paper's one step of adaptation: ``w - alpha grad f(w; D)``
 on one mini-batch ``D`` of its training data.
 """
@@ -44,7 +45,7 @@ class PerFedAvgClient(PersonalizedClient):
 
     def __init__(self, run: RunConfig, partition_id: int, state: RecordDict) -> None:
         super().__init__(run, partition_id, state)
-        self.alpha = run.group(PerFedAvgSettings).per_fedavg_alpha
+        self.alpha = run.group(PerFedAvgSettings).alpha(self.hessian_free)
 
     @property
     def batches_per_step(self) -> int:

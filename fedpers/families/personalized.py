@@ -116,17 +116,25 @@ class PerFedAvgSettings:
 
     HEADING: ClassVar[str] = "per-fedavg"
 
-    # Chosen on validation (docs/reproducing.md): 0.1 of {0.001, 0.01, 0.03, 0.1},
-    # FedRep's Table 1 setting, per-fedavg, seeds 0-2; per-fedavg-hf uses the same.
+    # Chosen on validation (docs/reproducing.md), FedRep's Table 1 setting, seeds 0-2:
+    # FO 0.1 of {0.001, 0.01, 0.03, 0.1}; HF 0.03 of {0.01, 0.03, 0.1}.
     per_fedavg_alpha: float = setting(
         0.1,
-        "Per-FedAvg: the step size alpha of the inner step w - alpha grad f(w; D), in "
-        "training and in the one step of adaptation before a client's test (the outer "
-        "step beta is the round's lr)",
+        "Per-FedAvg (FO, the row `per-fedavg`): the step size alpha of the inner step "
+        "w - alpha grad f(w; D), in training and in the one step of adaptation before a "
+        "client's test (the outer step beta is the round's lr)",
+    )
+    per_fedavg_hf_alpha: float = setting(
+        0.03, "Per-FedAvg HF (the row `per-fedavg-hf`): its alpha, as per-fedavg-alpha's"
     )
 
     def check(self) -> None:
         at_least("per-fedavg-alpha", self.per_fedavg_alpha, 0.0)
+        at_least("per-fedavg-hf-alpha", self.per_fedavg_hf_alpha, 0.0)
+
+    def alpha(self, hessian_free: bool) -> float:
+        """The inner step of the FO or the HF row."""
+        return self.per_fedavg_hf_alpha if hessian_free else self.per_fedavg_alpha
 
 
 @dataclass(frozen=True)

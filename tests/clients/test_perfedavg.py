@@ -64,9 +64,18 @@ def _oracle(
     return {k: v / samples for k, v in total.items()}
 
 
-@pytest.mark.parametrize(("algorithm", "hessian"), [("per-fedavg", False), ("per-fedavg-hf", True)])
-def test_one_round_of_per_fedavg_is_algorithm_1(algorithm: str, hessian: bool) -> None:
-    config, start, result, _, _ = tiny_rounds(1, algorithm=algorithm, per_fedavg_alpha=ALPHA)
+@pytest.mark.parametrize(
+    ("algorithm", "hessian", "key", "other"),
+    [
+        ("per-fedavg", False, "per_fedavg_alpha", "per_fedavg_hf_alpha"),
+        ("per-fedavg-hf", True, "per_fedavg_hf_alpha", "per_fedavg_alpha"),
+    ],
+)
+def test_one_round_of_per_fedavg_is_algorithm_1(
+    algorithm: str, hessian: bool, key: str, other: str
+) -> None:
+    # Each row reads its own alpha: the other row's key, set to 0, changes nothing
+    config, start, result, _, _ = tiny_rounds(1, algorithm=algorithm, **{key: ALPHA, other: 0.0})
     assert _largest_gap(result, _oracle(config, start, ALPHA, hessian=hessian)) < 1e-6
     # The test can fail: the other variant, and FedAvg's plain steps (alpha = 0), are
     # far from what this one computed.
@@ -98,6 +107,7 @@ def test_a_client_is_tested_after_one_step_of_adaptation() -> None:
     assert abs(metrics[protocol.LOSS] - test_loss(0.0)) > 1e-3  # not the model as sent
 
 
-def test_alpha_must_not_be_negative() -> None:
-    with pytest.raises(ConfigError, match=r"'per-fedavg-alpha' = -0\.1 must be at least 0"):
-        load_run_config({"algorithm": "per-fedavg", "per-fedavg-alpha": -0.1})
+@pytest.mark.parametrize("key", ["per-fedavg-alpha", "per-fedavg-hf-alpha"])
+def test_alpha_must_not_be_negative(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"'{key}' = -0\.1 must be at least 0"):
+        load_run_config({"algorithm": "per-fedavg", key: -0.1})
