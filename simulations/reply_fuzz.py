@@ -736,6 +736,22 @@ def scaled_statistics(template: RecordDict, factor: float) -> RecordDict:
     return content
 
 
+def least_integer_statistics(template: RecordDict) -> RecordDict:
+    """``template`` with every array but the sample counts int64, filled with int64's
+    least value (what 1e300 becomes, cast to int64). Bounds computed on it in int64
+    pass: its ``abs`` is negative and its products wrap around to 0. The long sweep
+    found it once (2026-12-05: a PCA mean of -1.14e16 adopted); the answers must now be
+    float64, as honest ones are."""
+    content = copy_content(template)
+    arrays = content.array_records[protocol.ARRAYS]
+    least = np.iinfo(np.int64).min
+    for name in list(arrays.keys()):
+        if "count" not in name:
+            shape = arrays[name].numpy().shape
+            arrays[name] = Array(np.full(shape, least, dtype=np.int64))
+    return content
+
+
 def _positive_definite(arrays: ArrayRecord) -> bool:
     """Every full covariance positive definite (numpy's Cholesky), every variance > 0."""
     covariances = arrays[GMM_COVARIANCES].numpy().astype(np.float64)

@@ -238,8 +238,9 @@ class FedGMM(FedEM):
             for a in answers.values()
         )
         usual = shapes.most_common(1)[0][0]
-        sizes = {
-            p: max(float(np.max(np.abs(v), initial=0.0)) for v in a.values())
+        sizes = {  # in float64: every answer passed ``check``'s dtype test, but a check
+            # that forgot it must not let abs() of int64's least value come out negative
+            p: max(float(np.max(np.abs(v.astype(np.float64)), initial=0.0)) for v in a.values())
             for p, a in answers.items()
         }
         large = screening.outliers(sizes)
@@ -271,6 +272,8 @@ class FedGMM(FedEM):
         }:
             expected = {mixture_family.PCA_COUNT, mixture_family.PCA_SUM, mixture_family.PCA_OUTER}
             return f"arrays {sorted(arrays)}, expected {sorted(expected)}"
+        if reason := screening.dtype_defect(arrays):
+            return reason
         count, total, outer = (
             arrays[mixture_family.PCA_COUNT],
             arrays[mixture_family.PCA_SUM],
@@ -286,6 +289,8 @@ class FedGMM(FedEM):
         arrays = screening.arrays_of(reply)
         if set(arrays) != {mixture_family.SUMMARY_CENTROIDS, mixture_family.SUMMARY_COUNTS}:
             return f"arrays {sorted(arrays)}, expected centroids and counts"
+        if reason := screening.dtype_defect(arrays):
+            return reason
         centroids, counts = (
             arrays[mixture_family.SUMMARY_CENTROIDS],
             arrays[mixture_family.SUMMARY_COUNTS],
@@ -307,6 +312,8 @@ class FedGMM(FedEM):
         }
         if set(arrays) != names:
             return f"arrays {sorted(arrays)}, expected {sorted(names)}"
+        if reason := screening.dtype_defect(arrays):
+            return reason
         count = arrays[mixture_family.STATS_COUNT]
         first, second = arrays[mixture_family.STATS_FIRST], arrays[mixture_family.STATS_SECOND]
         full = self.covariance == GmmCovariance.FULL

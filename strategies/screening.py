@@ -267,6 +267,16 @@ def norm_outliers(norms: Sequence[float], cap: float) -> tuple[float, list[int]]
     return bound, [index for index, norm in enumerate(norms) if not norm <= bound]
 
 
+def dtype_defect(arrays: Mapping[str, np.ndarray], dtype: str = "float64") -> str | None:
+    """Why ``arrays`` are not all of ``dtype`` (what honest start-up answers send), or
+    None. Integers would break the bounds computed on them: ``abs`` of int64's least
+    value is negative, and products wrap around (an int64 sum of -2**63 squares to 0)."""
+    for name, values in arrays.items():
+        if values.dtype != np.dtype(dtype):
+            return f"array '{name}' is {values.dtype}, expected {dtype}"
+    return None
+
+
 def symmetric_psd_defect(name: str, matrices: np.ndarray, *, tolerance: float = 1e-6) -> str | None:
     """Why ``matrices`` (``(..., d, d)``) are not symmetric positive semi-definite within
     ``tolerance`` relative to each matrix's own scale, or None.

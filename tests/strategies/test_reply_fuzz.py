@@ -25,6 +25,7 @@ from fedpers.simulations.reply_fuzz import (
     STATISTICS_QUERIES,
     evaluation_violations,
     federation,
+    least_integer_statistics,
     replies,
     scaled_statistics,
     smuggled,
@@ -104,6 +105,7 @@ def test_no_startup_statistics_break_fedgmms_initial_state(query: str) -> None:
     @FUZZ
     @given(answer=replies(template))
     @example(answer=scaled_statistics(template, 1e8))  # in shape, counts and type
+    @example(answer=least_integer_statistics(template))  # int64 arithmetic wraps around
     def check(answer: RecordDict) -> None:
         found, _ = statistics_violations(harness, query, answer)
         assert not found, found
