@@ -353,7 +353,8 @@ def mechanism(
     minimum = settings.dp_min_clients or max(1, math.floor(cohort))
     clip = settings.dp_clip or math.inf
     quantile = settings.dp_clip_quantile
-    count_std = (settings.dp_clip_count_std or cohort / 20) if quantile > 0 else 0.0
+    # without noise there is no guarantee, and the count is exact: a seeded run repeats
+    count_std = (settings.dp_clip_count_std or cohort / 20) if quantile > 0 and noise > 0 else 0.0
     if quantile > 0 and noise > 0 and not 2 * count_std > noise:
         raise ConfigError(
             f"adaptive clipping: the count's noise dp-clip-count-std = {count_std:g} must "
@@ -518,14 +519,17 @@ def adapted_clip(
     geometric update): ``C exp(-eta_C (b - gamma))``, where ``b`` estimates the fraction
     of the sampled clients' updates within the clip ``C`` (``mechanism.clip``),
     ``b = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / cohort + 1/2`` with ``b_i = 1`` for
-    ``||Delta_i|| <= C``. ``norms`` are the round's usable updates' norms before
-    clipping; ``missing`` sampled clients sent none (a zero update, within the clip).
+    ``||Delta_i|| <= C``, clamped to [0, 1]. ``norms`` are the round's usable updates'
+    norms before clipping; ``missing`` sampled clients sent none (a zero update, within
+    the clip).
     Centred, the count moves by at most 1/2 when a client joins or leaves, which is
     the sensitivity ``update_noise_multiplier`` assumes."""
     within_clip = sum(1 for n in norms if n <= mechanism.clip) + missing
     centred = within_clip - (len(norms) + missing) / 2
     noisy = centred + (generator.normal(0.0, mechanism.count_std) if mechanism.count_std else 0)
-    fraction = noisy / mechanism.cohort + 0.5
+    # A fraction: clamped to [0, 1] (post-processing, free of privacy cost), so that a
+    # small cohort's noise cannot take a step larger than the estimator's range allows
+    fraction = min(1.0, max(0.0, noisy / mechanism.cohort + 0.5))
     return mechanism.clip * math.exp(-mechanism.clip_lr * (fraction - mechanism.clip_quantile))
 
 

@@ -45,7 +45,7 @@ import importlib.util
 import multiprocessing
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -353,8 +353,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
         judge(run, fuzz_dirs[name])
-    fuzz_summary = _fuzz_summary(every, fuzz_dirs)
-    write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
+    fuzz_summary = _fuzz_summary(every, fuzz_dirs) if cases else {}  # {}: --skip-fuzz
+    if cases:
+        write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
     attack_summary = _attack_table(attacks, done[len(fuzz) :])
     result = {
         "fuzz": fuzz_summary,
@@ -420,7 +421,20 @@ def _run_in_process(args: argparse.Namespace, runs: list[dict[str, Any]]) -> lis
         return []
     context = multiprocessing.get_context("spawn")  # nothing of one run leaks into another
     with ProcessPoolExecutor(parallelism(args), mp_context=context, max_tasks_per_child=1) as pool:
-        return list(pool.map(run_in_process, runs))
+        futures = [pool.submit(run_in_process, overrides) for overrides in runs]
+        return [
+            _finished(future, overrides) for future, overrides in zip(futures, runs, strict=True)
+        ]
+
+
+def _finished(future: Future[Path | None], overrides: dict[str, Any]) -> Path | None:
+    """A pooled run's directory, or None where its process failed or died (said on
+    stdout, as a run that did not finish through Flower), so the table keeps the rest."""
+    try:
+        return future.result()
+    except Exception as error:  # a crashed worker (BrokenProcessPool) or a bug in one run
+        print(f"run '{overrides['run-name']}' did not finish: {error!r}", flush=True)
+        return None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -526,9 +526,14 @@ class FedpersStrategy(Strategy):
         its shared arrays less those sent, as one vector); a norm beyond ``update-cap``
         times the lower median of them all is left out, with the reason. The lower
         median moves at most one rank for one reply, so no one reply sets the bound.
+
+        A private run (``dp``) skips it: whether a reply is kept would then depend on
+        the other clients' updates, so adding or removing one client could change what
+        others contribute, beyond the sensitivity of one clip the accountant assumes.
+        Its clip bounds every reply's influence already.
         """
         counted = [r for r in screened.kept if screening.num_examples(r) > 0]
-        if not self.current_shared or len(counted) < 2:
+        if not self.current_shared or len(counted) < 2 or self.privacy is not None:
             return screened
         norms = [
             screening.update_norm(screening.arrays_of(reply), self.sent_to(reply))

@@ -358,9 +358,12 @@ def test_the_count_noise_has_the_stated_standard_deviation() -> None:
     eta sigma_b / cohort: chi-squared bounds at FALSE_FAILURE."""
     mechanism = _adaptive(count_std=3.0, cohort=40.0)
     generator = np.random.default_rng(1)
+    # half within the clip of 1: the fraction is 1/2 plus noise of std 0.075, 6.7 std
+    # from the clamp at 0 and 1
+    half_within = [0.5] * 20 + [2.0] * 20
     draws = 20_000
     logs = np.array(
-        [math.log(privacy.adapted_clip([0.5] * 40, 0, mechanism, generator)) for _ in range(draws)]
+        [math.log(privacy.adapted_clip(half_within, 0, mechanism, generator)) for _ in range(draws)]
     )
     expected = 0.2 * 3.0 / 40.0
     variance = float(np.var(logs, ddof=1))

@@ -501,6 +501,7 @@ def test_fedavg_under_the_trimmed_mean_at_4_replies_stays_within_the_honest_repl
         strategy, records, aggregated = _run(attack, aggregation=aggregation)
         (record,) = records
         assert record.replies == NODES
+        assert not any("not adopted" in r for r in record.rejections)  # a new state
         replies = {strategy.federation.partition(r): screening.arrays_of(r) for r in aggregated[0]}
         adopted = strategy.adopted  # type: ignore[attr-defined]
         assert _within_the_honest_replies(adopted, replies, adopted) is within, aggregation
@@ -549,3 +550,17 @@ def test_linear_fedrep_at_4_replies_does_not_adopt_an_attackers_subspace() -> No
     # trimmed mean keeps it orthogonal to it (sine 0.999)
     assert distance["mean"] < 0.3, distance
     assert distance["trimmed-mean"] > 0.99, distance
+
+
+def test_a_private_run_clips_an_update_instead_of_judging_it_by_the_others() -> None:
+    """Under dp the clip bounds each reply, and update-cap is not applied: keeping a
+    reply must not depend on the other clients' updates, or one client's presence could
+    change what the others contribute, beyond the one clip the accountant counts."""
+    private = {"dp": "central", "dp_noise_multiplier": 0.0, "dp_clip": 0.5}
+    strategy, records, _ = _run({MessageType.TRAIN: _amplified(1e4)}, **private)
+    (record,) = records
+    assert record.replies == NODES  # kept, where a non-private run leaves it out
+    assert not any("update-cap" in r for r in record.rejections)
+    # the round's state: the mean of four updates each clipped to 0.5 (no noise)
+    adopted = strategy.adopted  # type: ignore[attr-defined]
+    assert screening.update_norm(adopted, strategy.current_shared) <= 0.5 + 1e-6

@@ -135,3 +135,30 @@ def test_an_adaptive_clip_is_recorded_applied_and_resumed(tmp_path: Path) -> Non
     del records[-1].server[privacy.NEXT_CLIP]
     with pytest.raises(ResumeError, match=r"round 2 of rounds.jsonl has no 'dp.next-clip'"):
         build_strategy(config).resume_after(records)
+
+
+def test_each_release_clips_at_the_clip_the_round_before_chose() -> None:
+    """The strategy's release, without noise (so the count is exact too): the update is
+    clipped at the current clip, not dp-clip, and the next clip is Algorithm 1's."""
+    from fedpers.config import load_run_config
+    from fedpers.strategies import build_strategy
+
+    config = load_run_config(
+        {**BASE, "dp": "central", "dp-noise-multiplier": 0.0, "dp-clip": 1.0,
+         "dp-clip-quantile": 0.5, "dp-sampling": "without-replacement"}
+    )  # fmt: skip
+    strategy = build_strategy(config)
+    assert strategy.privacy is not None
+    reference = {"w": np.zeros(4)}
+    strategy.current_shared = reference
+    strategy.sampled = [0, 1, 2, 3]
+    strategy.clip = 0.25  # as if earlier rounds had moved it from 1.0
+    updates = [{"w": np.full(4, 1.0)}, {"w": np.full(4, 0.01)}, {"w": np.full(4, 0.01)}]
+    released = strategy.private_release(updates, strategy.privacy)
+    # the first (norm 2) clipped to norm 0.25, not dp-clip's 1; the fourth sampled
+    # client missing: a zero update; the mean over the cohort of 4
+    expected = (np.full(4, 0.125) + np.full(4, 0.01) + np.full(4, 0.01)) / 4
+    np.testing.assert_allclose(released["w"], expected, rtol=1e-12)
+    # within the clip: the two small updates and the missing client, 3 of 4
+    assert strategy.applied_clip == 0.25
+    assert strategy.clip == pytest.approx(0.25 * math.exp(-0.2 * (3 / 4 - 0.5)))
