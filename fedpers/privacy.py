@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedpers.aggregation import weighted_mean
-from fedpers.settings import ConfigError, at_least, setting, within
+from fedpers.settings import ConfigError, at_least, finite, setting, within
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
@@ -143,23 +143,11 @@ class PrivacySettings:
 
     def check(self) -> None:
         at_least("dp-clip", self.dp_clip, 0.0)
-        if not (math.isfinite(self.dp_noise_multiplier) and self.dp_noise_multiplier >= 0):
-            raise ConfigError(
-                f"run-config key 'dp-noise-multiplier' = {self.dp_noise_multiplier} must be "
-                "finite and at least 0."
-            )
-        if not (math.isfinite(self.dp_target_epsilon) and self.dp_target_epsilon >= 0):
-            raise ConfigError(
-                f"run-config key 'dp-target-epsilon' = {self.dp_target_epsilon} must be "
-                "finite and at least 0 (0: use dp-noise-multiplier)."
-            )
+        finite("dp-noise-multiplier", self.dp_noise_multiplier, 0)
+        finite("dp-target-epsilon", self.dp_target_epsilon, 0, note=" (0: use dp-noise-multiplier)")
         within("dp-delta", self.dp_delta, "[0, 1)")
         at_least("dp-min-clients", self.dp_min_clients, 0)
-        if not (math.isfinite(self.dp_server_lr) and self.dp_server_lr > 0):
-            raise ConfigError(
-                f"run-config key 'dp-server-lr' = {self.dp_server_lr} must be finite and "
-                "greater than 0."
-            )
+        finite("dp-server-lr", self.dp_server_lr, 0, strict=True)
         if self.dp is DpMode.DISTRIBUTED and self.dp_target_epsilon > 0:
             raise ConfigError(
                 "run-config key 'dp-target-epsilon' works with dp = 'central' only: under "
@@ -176,16 +164,13 @@ class PrivacySettings:
 
     def _check_adaptive_clip(self) -> None:
         within("dp-clip-quantile", self.dp_clip_quantile, "[0, 1)")
-        if not (math.isfinite(self.dp_clip_lr) and self.dp_clip_lr > 0):
-            raise ConfigError(
-                f"run-config key 'dp-clip-lr' = {self.dp_clip_lr} must be finite and "
-                "greater than 0."
-            )
-        if not (math.isfinite(self.dp_clip_count_std) and self.dp_clip_count_std >= 0):
-            raise ConfigError(
-                f"run-config key 'dp-clip-count-std' = {self.dp_clip_count_std} must be "
-                "finite and at least 0 (0: the expected clients a round / 20)."
-            )
+        finite("dp-clip-lr", self.dp_clip_lr, 0, strict=True)
+        finite(
+            "dp-clip-count-std",
+            self.dp_clip_count_std,
+            0,
+            note=" (0: the expected clients a round / 20)",
+        )
         if self.dp_clip_quantile == 0 or self.dp is DpMode.NONE:
             return
         if self.dp is DpMode.DISTRIBUTED:

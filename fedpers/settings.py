@@ -11,6 +11,7 @@ family module can declare its groups without a cycle.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -71,6 +72,15 @@ def at_least(key: str, value: float, low: float) -> None:
     """Check ``value >= low`` (NaN is not)."""
     if not value >= low:
         raise ConfigError(f"run-config key '{key}' = {value} must be at least {low}.")
+
+
+def finite(key: str, value: float, low: float, *, strict: bool = False, note: str = "") -> None:
+    """Check ``value`` finite and at least ``low`` (greater than it with ``strict``);
+    ``note`` ends the message (what a value means, say)."""
+    if math.isfinite(value) and (value > low if strict else value >= low):
+        return
+    bound = f"greater than {low:g}" if strict else f"at least {low:g}"
+    raise ConfigError(f"run-config key '{key}' = {value} must be finite and {bound}{note}.")
 
 
 def positive(key: str, value: float) -> None:
