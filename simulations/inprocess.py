@@ -199,11 +199,7 @@ class InProcessSimulation:
         return [self.run(overrides, **kwargs) for overrides in runs]
 
 
-def run_in_process(overrides: Mapping[str, Any]) -> Path | None:
+def run_in_process(overrides: Mapping[str, Any]) -> Path:
     """One run in this process (``InProcessSimulation``), for a process pool: its
-    results directory, or None where it did not finish (said on stdout)."""
-    try:
-        return InProcessSimulation().run(overrides)
-    except FlowerRunError as error:
-        print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
-        return None
+    results directory; a run that did not finish raises ``FlowerRunError``."""
+    return InProcessSimulation().run(overrides)

@@ -725,15 +725,22 @@ def sweep_statistics(
     )
 
 
-def scaled_statistics(template: RecordDict, factor: float) -> RecordDict:
-    """``template`` with every array but the sample counts times ``factor``: a
-    scaled-up client, consistent in its shapes and counts (the regression class)."""
+def _statistics_changed(
+    template: RecordDict, change: Callable[[np.ndarray], np.ndarray]
+) -> RecordDict:
+    """``template`` with ``change`` applied to every array but the sample counts."""
     content = copy_content(template)
     arrays = content.array_records[protocol.ARRAYS]
     for name in list(arrays.keys()):
         if "count" not in name:
-            arrays[name] = Array(np.ascontiguousarray(arrays[name].numpy() * factor))
+            arrays[name] = Array(np.ascontiguousarray(change(arrays[name].numpy())))
     return content
+
+
+def scaled_statistics(template: RecordDict, factor: float) -> RecordDict:
+    """``template`` with every array but the sample counts times ``factor``: a
+    scaled-up client, consistent in its shapes and counts (the regression class)."""
+    return _statistics_changed(template, lambda values: values * factor)
 
 
 def least_integer_statistics(template: RecordDict) -> RecordDict:
@@ -742,14 +749,10 @@ def least_integer_statistics(template: RecordDict) -> RecordDict:
     pass: its ``abs`` is negative and its products wrap around to 0. The long sweep
     found it once (2026-12-05: a PCA mean of -1.14e16 adopted); the answers must now be
     float64, as honest ones are."""
-    content = copy_content(template)
-    arrays = content.array_records[protocol.ARRAYS]
     least = np.iinfo(np.int64).min
-    for name in list(arrays.keys()):
-        if "count" not in name:
-            shape = arrays[name].numpy().shape
-            arrays[name] = Array(np.full(shape, least, dtype=np.int64))
-    return content
+    return _statistics_changed(
+        template, lambda values: np.full(values.shape, least, dtype=np.int64)
+    )
 
 
 def _positive_definite(arrays: ArrayRecord) -> bool:

@@ -427,14 +427,16 @@ def _run_in_process(args: argparse.Namespace, runs: list[dict[str, Any]]) -> lis
         ]
 
 
-def _finished(future: Future[Path | None], overrides: dict[str, Any]) -> Path | None:
-    """A pooled run's directory, or None where its process failed or died (said on
-    stdout, as a run that did not finish through Flower), so the table keeps the rest."""
+def _finished(future: Future[Path], overrides: dict[str, Any]) -> Path | None:
+    """A pooled run's directory, or None where it did not finish, failed or its process
+    died (said on stdout, as ``_run_all`` says it), so the table keeps the rest."""
     try:
         return future.result()
+    except FlowerRunError as error:
+        print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
     except Exception as error:  # a crashed worker (BrokenProcessPool) or a bug in one run
         print(f"run '{overrides['run-name']}' did not finish: {error!r}", flush=True)
-        return None
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -232,10 +232,9 @@ class FedpersStrategy(Strategy):
             generator = rng(self.run.seed, "sample", server_round)
         if mechanism is not None and mechanism.sampling is privacy.DpSampling.POISSON:
             self.sampled = privacy.poisson_sample(self.seen, mechanism.sampling_rate, generator)
-            return self.sampled
-        count = self.run.clients_per_round
-        chosen = generator.choice(self.seen, count, replace=False)
-        self.sampled = sorted(int(p) for p in chosen)
+        else:
+            chosen = generator.choice(self.seen, self.run.clients_per_round, replace=False)
+            self.sampled = sorted(int(p) for p in chosen)
         return self.sampled
 
     def lr_factor(self, server_round: int) -> float:

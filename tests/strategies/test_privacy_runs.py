@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 from fedpers import privacy
+from fedpers.checkpoint import ResumeError
+from fedpers.config import load_run_config
 from fedpers.privacy import DpSampling
+from fedpers.reports import read_rounds
+from fedpers.strategies import build_strategy
 from tests.simulations.conftest import InProcessSimulation
 
 # Equal training sizes (each MNIST-1D client generates 130 samples): FedAvg's weights are
@@ -105,10 +109,6 @@ def test_an_adaptive_clip_is_recorded_applied_and_resumed(tmp_path: Path) -> Non
     """Adaptive clipping end to end: each round applies the clip the round before chose
     (from dp-clip), the epsilon is the fixed-clip run's (the accountant counts z), and
     a resumed strategy continues from the clip of its last recorded round."""
-    from fedpers.checkpoint import ResumeError
-    from fedpers.config import load_run_config
-    from fedpers.reports import read_rounds
-    from fedpers.strategies import build_strategy
 
     adaptive = {
         "dp": "central", "dp-noise-multiplier": 1.0, "dp-clip": 0.5,
@@ -140,8 +140,6 @@ def test_an_adaptive_clip_is_recorded_applied_and_resumed(tmp_path: Path) -> Non
 def test_each_release_clips_at_the_clip_the_round_before_chose() -> None:
     """The strategy's release, without noise (so the count is exact too): the update is
     clipped at the current clip, not dp-clip, and the next clip is Algorithm 1's."""
-    from fedpers.config import load_run_config
-    from fedpers.strategies import build_strategy
 
     config = load_run_config(
         {**BASE, "dp": "central", "dp-noise-multiplier": 0.0, "dp-clip": 1.0,
