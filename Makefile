@@ -55,7 +55,7 @@ typecheck: $(STAMP)
 # The namespace deployment tests run last and alone: they time real rounds of real
 # SuperNode processes, which a second worker's simulations slowed past their limits.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not netns and not cluster and not docker"
+	$(BIN)/python -m pytest $(XDIST) -m "not netns and not cluster and not docker and not network"
 	$(BIN)/python -m pytest -m netns
 
 test: lint typecheck pytest

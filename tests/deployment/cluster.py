@@ -126,7 +126,15 @@ class Hosts:
         return [int(p) for p in listed.stdout.split()]
 
     def close(self) -> None:
-        """Delete the namespaces (and with them the veth pairs) and the bridge."""
+        """Delete the veth pairs, the namespaces and the bridge.
+
+        Each pair is deleted from the host's side first: a namespace outlives ``ip netns
+        del`` while a socket still holds it (a connection closing over a lossy link keeps
+        its socket for minutes), and its veth would stay on the host with it."""
+        for index, name in enumerate(self.names):
+            if name in self.namespaces:
+                with contextlib.suppress(subprocess.CalledProcessError):
+                    _ip("link", "del", f"{self.prefix}h{index}")
         for namespace in self.namespaces.values():
             with contextlib.suppress(subprocess.CalledProcessError):
                 _ip("netns", "del", namespace)
