@@ -167,6 +167,10 @@ def _supernode(index: int, environment: list[str]) -> list[str]:
             "      fleet:",
             "        condition: service_healthy",
             "    restart: unless-stopped",
+            # A Raspberry Pi class budget: 1 GiB (no swap beyond it) and one CPU
+            "    mem_limit: ${FEDPERS_DEVICE_MEMORY:-1g}",
+            "    memswap_limit: ${FEDPERS_DEVICE_MEMORY:-1g}",
+            "    cpus: ${FEDPERS_DEVICE_CPUS:-1.0}",
         ],
         [*environment, f"FEDPERS_SUPERLINK=fleet:{PROXY_PORT}"],
     )

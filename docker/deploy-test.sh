@@ -1,39 +1,74 @@
 #!/usr/bin/env bash
-# make deploy-test: the Docker deployment for real, on a fresh Debian machine (as root).
-# Installs what it needs (docker.io, docker-compose, mmdebstrap), starts a Docker daemon
-# if none answers (and stops the one it started at the end), builds the base image from
-# Debian's packages where Docker Hub is out of reach, fills the wheelhouse on the host,
-# builds both images, runs tests/deployment/test_docker.py, and prints a summary.
+# make deploy-test: the deployment for real, on a fresh Debian machine (as root).
+# Installs what it needs (docker.io, docker-compose, mmdebstrap, iptables, ethtool),
+# saves the host's network state (docker/hoststate.py), runs the bad-network test in
+# network namespaces (tests/deployment/test_network.py), starts a Docker daemon if none
+# answers, builds the base image from Debian's packages where Docker Hub is out of reach,
+# fills the wheelhouse on the host, builds both images (the device's with torch's CPU
+# build), runs tests/deployment/test_docker.py, stops the daemon it started, puts the
+# host back as found and checks that it is, and writes results/deploy-test/summary.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 DOCKER=/usr/bin/docker
 work="$(mktemp -d /tmp/fedpers-deploy.XXXXXX)"
+out=results/deploy-test
 started_daemon=""
+host_status=0
 cleanup() {
+    local rc=$?  # non-zero where a step failed under set -e
     if [[ -n "$started_daemon" ]]; then
         kill "$started_daemon" 2>/dev/null || true
         for _ in $(seq 30); do kill -0 "$started_daemon" 2>/dev/null || break; sleep 1; done
-        # dockerd leaves its chains, a DROP FORWARD policy and changed sysctls behind
-        iptables-restore < "$work/iptables.before" || true
-        for table in nat filter; do  # a table that was empty before: empty it again
-            # and put its built-in chains' policies back to ACCEPT (a table that did not
-            # exist had ACCEPT; flushing leaves Docker's FORWARD DROP in place)
-            grep -q "^\*$table" "$work/iptables.before" || {
-                iptables -t $table -F; iptables -t $table -X
-                for chain in $(iptables -t $table -S | awk '/^-P/ {print $2}'); do
-                    iptables -t $table -P "$chain" ACCEPT
-                done
-            } || true
-        done
-        sysctl -q -w "net.ipv4.ip_forward=$(cat "$work/ip_forward.before")" || true
-        if [[ -s "$work/bridge_nf.before" ]]; then
-            sysctl -q -w "net.bridge.bridge-nf-call-iptables=$(cat "$work/bridge_nf.before")" || true
+        # dockerd leaves its tables and chains, a DROP FORWARD policy, sysctls and links
+        # behind: put back what docker/hoststate.py saved before it started
+        $PY docker/hoststate.py restore "$work/host" || true
+        echo "stopped the Docker daemon this test started (pid $started_daemon)"
+    fi
+    if [[ -f "$work/host/hoststate.json" ]]; then
+        if $PY docker/hoststate.py compare "$work/host"; then
+            echo true > "$work/host/as-found"
+        else
+            echo false > "$work/host/as-found"
+            # a daemon that was running before may change the host by itself
+            [[ -n "$started_daemon" ]] && host_status=1
         fi
-        [[ -e "$work/docker0.before" ]] || ip link del docker0 2>/dev/null || true
-        echo "stopped the Docker daemon this test started (pid $started_daemon); firewall restored"
+        write_summary || true
     fi
     rm -rf "$work"
+    exit $(( rc ? rc : status ? status : host_status ))
+}
+status=0
+# results/deploy-test/summary.json: the figures the tests recorded, the images, the stages
+write_summary() {
+    mkdir -p "$out"
+    $PY - "$work" "$out/summary.json" <<'PYTHON'
+import json, sys
+from pathlib import Path
+work, target = Path(sys.argv[1]), Path(sys.argv[2])
+found = json.loads((work / "summary.json").read_text()) if (work / "summary.json").exists() else {}
+images = {}
+for line in (work / "images.txt").read_text().splitlines() if (work / "images.txt").exists() else []:
+    name, arch, size = line.split()
+    images.setdefault(name, {})[arch] = int(size)
+stages = (work / "stages.txt").read_text().split() if (work / "stages.txt").exists() else []
+summary = {
+    "round_seconds": found.pop("round_seconds", None),
+    "image_bytes": images,
+    "arm64_round_seconds": found.pop("arm64_round_seconds", None),
+    "device_peak_memory_mb": found.pop("device_peak_memory_mb", None),
+    "netem_round_seconds": found.pop("netem_round_seconds", None),
+    **found,
+    "tests": (work / "tests.txt").read_text().strip() if (work / "tests.txt").exists() else "",
+    "stage_seconds": dict(zip(stages[::2], map(int, stages[1::2]))),
+    "host_left_as_found": (work / "host" / "as-found").read_text().strip() == "true"
+    if (work / "host" / "as-found").exists() else None,
+}
+if summary["arm64_round_seconds"] is None:
+    summary["arm64"] = "not built: no arm64 image or emulated SuperNode yet (docs/deploying.md)"
+target.write_text(json.dumps(summary, indent=2) + "\n")
+print(json.dumps(summary, indent=2))
+PYTHON
 }
 trap cleanup EXIT
 t0=$(date +%s)
@@ -43,17 +78,24 @@ missing=()
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v iptables >/dev/null || missing+=(iptables)
+command -v ethtool >/dev/null || missing+=(ethtool)  # the user-space link shaper
 if (( ${#missing[@]} )); then
     echo "installing ${missing[*]} from Debian's packages"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+$PY docker/hoststate.py save "$work/host"  # before anything here changes the host
+summary="$work/summary.json"
+
+# Bad networks, in network namespaces (no Docker): impaired links, a cut link
+t_net=$(date +%s)
+FEDPERS_DEPLOY_SUMMARY="$summary" $PY -m pytest -p no:cacheprovider -m network \
+    tests/deployment/test_network.py -v -rA 2>&1 | tee "$work/network.log" || status=$?
+t_network=$(date +%s)
+echo "network $(( t_network - t_net ))" >> "$work/stages.txt"
+
 if ! $DOCKER info >/dev/null 2>&1; then
-    iptables-save > "$work/iptables.before"
-    if ip link show docker0 >/dev/null 2>&1; then touch "$work/docker0.before"; fi
-    sysctl -n net.ipv4.ip_forward > "$work/ip_forward.before"
-    sysctl -n net.bridge.bridge-nf-call-iptables > "$work/bridge_nf.before" 2>/dev/null || true
     dockerd --data-root /var/lib/docker-fedpers >"$work/dockerd.log" 2>&1 &
     started_daemon=$!
     for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && break; sleep 1; done
@@ -82,21 +124,21 @@ for image in server device; do
 done
 t3=$(date +%s)
 
-summary="$work/summary.json"
-status=0
 FEDPERS_DEPLOY_SUMMARY="$summary" $PY -m pytest -p no:cacheprovider -m docker \
     tests/deployment/test_docker.py -v -rA 2>&1 | tee "$work/pytest.log" || status=$?
 t4=$(date +%s)
 
 echo
 echo "== deploy-test summary =="
-grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$work/pytest.log" | sed 's/^/  /' || true
-grep -E "[0-9]+ (passed|failed)" "$work/pytest.log" | tail -1 | sed 's/^=* */  /; s/ =*$//'
-for image in base server device; do
-    name="fedpers-$image:1.42"; [[ $image == base ]] && name="$base"
-    size=$($DOCKER image inspect -f '{{.Size}}' "$name" 2>/dev/null || echo 0)
-    echo "  image $name: $(( size / 1000000 )) MB"
+cat "$work/network.log" "$work/pytest.log" > "$work/all.log"
+grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$work/all.log" | sed 's/^/  /' || true
+grep -E "[0-9]+ (passed|failed|skipped)" "$work/all.log" | sed 's/^=* *//; s/ =*$//' \
+    | paste -sd ';' > "$work/tests.txt" || true
+for name in "$base" fedpers-server:1.42 fedpers-device:1.42; do
+    $DOCKER image inspect -f "$name {{.Architecture}} {{.Size}}" "$name" >> "$work/images.txt" \
+        2>/dev/null || true
 done
-[[ -f "$summary" ]] && sed 's/^/  /' "$summary"
-echo "  seconds: base+install $(( t1 - t0 )), wheelhouse $(( t2 - t1 )), image builds $(( t3 - t2 )), tests $(( t4 - t3 )), total $(( t4 - t0 ))"
-exit $status
+printf '%s %s\n' wheelhouse $(( t2 - t1 )) images $(( t3 - t2 )) docker-tests $(( t4 - t3 )) \
+    total $(( t4 - t0 )) >> "$work/stages.txt"
+echo "  seconds: installs $(( t_net - t0 )), network $(( t_network - t_net )), base $(( t1 - t_network )), wheelhouse $(( t2 - t1 )), image builds $(( t3 - t2 )), docker tests $(( t4 - t3 )), total $(( t4 - t0 ))"
+echo "  (the summary and whether the host was left as found follow the daemon's stop)"

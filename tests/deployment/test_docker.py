@@ -163,6 +163,69 @@ print(json.dumps(out))
     assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
+class DeviceMemory:
+    """The peak memory of each device container (SuperNode, launcher and ClientApps
+    together: what its limit counts), per round.
+
+    The memory cgroup of a container keeps its peak (cgroup v1
+    ``memory.max_usage_in_bytes``, v2 ``memory.peak``); a thread reads it when a round's
+    record appears and, on v1, resets it, so each figure is that round's peak. On v2
+    ``memory.peak`` cannot be reset here, so each figure is the peak so far."""
+
+    def __init__(self, deployment: Compose, services: list[str], rounds_file: Path) -> None:
+        self.files = {s: self._peak_file(deployment.inspect(s)["Id"]) for s in services}
+        self.limits = {s: deployment.inspect(s)["HostConfig"]["Memory"] for s in services}
+        self.rounds_file = rounds_file
+        self.peaks: dict[str, list[int]] = {s: [] for s in services}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    @staticmethod
+    def _peak_file(container: str) -> Path:
+        for pattern in (f"memory/**/*{container}*/memory.max_usage_in_bytes",
+                        f"**/*{container}*/memory.peak"):  # fmt: skip
+            found = sorted(Path("/sys/fs/cgroup").glob(pattern))
+            if found:
+                return found[0]
+        raise FileNotFoundError(f"no memory cgroup of container {container[:12]}")
+
+    def _read_and_reset(self) -> None:
+        for service, path in self.files.items():
+            self.peaks[service].append(int(path.read_text()))
+            if path.name == "memory.max_usage_in_bytes":
+                path.write_text("0")
+
+    def _watch(self) -> None:
+        for path in self.files.values():  # round 1 counts from the run's start
+            if path.name == "memory.max_usage_in_bytes":
+                path.write_text("0")
+        seen = 0
+        while not self.stop.wait(0.2):
+            lines = (
+                len(self.rounds_file.read_text().splitlines()) if self.rounds_file.exists() else 0
+            )
+            for _ in range(seen, lines):
+                self._read_and_reset()
+            seen = lines
+
+    def __enter__(self) -> DeviceMemory:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def summary(self) -> dict[str, object]:
+        mb = 2**20
+        return {
+            "limit_mb": sorted({limit // mb for limit in self.limits.values()}),
+            "per_round_mb": {s: [round(p / mb, 1) for p in v] for s, v in self.peaks.items()},
+            "max_mb": round(max(max(v, default=0) for v in self.peaks.values()) / mb, 1),
+            "counter": next(iter(self.files.values())).name,
+        }
+
+
 def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path) -> None:
     values = {**RUN, "num-rounds": 3, "run-name": "deployed"}
     twin: dict[str, Path] = {}
@@ -172,7 +235,10 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
         )
     )
     thread.start()
-    result = deployment.run(values)
+    devices = [f"supernode-{i}" for i in range(NODES)]
+    memory = DeviceMemory(deployment, devices, deployment.results / "deployed" / "rounds.jsonl")
+    with memory:
+        result = deployment.run(values)
     thread.join(timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     deployed = read_rounds(deployment.results / "deployed")
@@ -180,8 +246,9 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
     assert all(r.replies == NODES and r.failures == 0 for r in deployed)
     _same_metrics(deployed, read_rounds(twin["dir"]))
     steady = deployed[1:]
+    _record("round_seconds", float(np.mean([r.seconds for r in steady])))
     _record(
-        "deployed_round_seconds",
+        "round_split",
         {
             "isolation": deployment.env["FEDPERS_ISOLATION"],
             "round": float(np.mean([r.seconds for r in steady])),
@@ -190,6 +257,14 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
             "first_round": deployed[0].seconds,
         },
     )
+    # Each device within its Raspberry Pi class budget (1 GiB, one CPU) every round.
+    peaks = memory.summary()
+    _record("device_peak_memory_mb", peaks)
+    assert all(len(v) == 3 for v in memory.peaks.values()), peaks
+    assert all(memory.limits[s] == 2**30 for s in devices), memory.limits
+    for service in devices:
+        assert deployment.inspect(service)["HostConfig"]["NanoCpus"] == 10**9
+        assert not deployment.inspect(service)["State"]["OOMKilled"]
 
 
 def test_crashed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) -> None:
