@@ -39,6 +39,7 @@ RUN: dict[str, object] = {
     "results-dir": "/results",
 }
 SUMMARY = os.environ.get("FEDPERS_DEPLOY_SUMMARY", "")
+ROUNDS_KILLED = 25
 
 
 def _docker_answers() -> bool:
@@ -268,7 +269,10 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
 
 
 def test_crashed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) -> None:
-    values = {**RUN, "num-rounds": 9, "run-name": "killed"}
+    # Enough rounds to outlast the node's way back (up to 60 s until Flower takes its key
+    # again, then its start): with torch's CPU build a round takes about 4 s here, and 9
+    # rounds (enough at the CUDA image's 29 s) ended before it was back.
+    values = {**RUN, "num-rounds": ROUNDS_KILLED, "run-name": "killed"}
     outcome: dict[str, object] = {}
     run = threading.Thread(target=lambda: outcome.setdefault("run", deployment.run(values)))
     run.start()
@@ -290,7 +294,7 @@ def test_crashed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # type: ignore[attr-defined]
     assert deployment.inspect("supernode-2")["RestartCount"] >= 1
     records = read_rounds(deployment.results / "killed")
-    assert [r.round for r in records] == list(range(1, 10))
+    assert [r.round for r in records] == list(range(1, ROUNDS_KILLED + 1))
     missing = [r.round for r in records if r.replies < NODES]
     assert missing, "the killed node never missed a round"
     assert all(r.failures == NODES - r.replies for r in records)
