@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -361,3 +362,27 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def write_run_config(path: Path, values: dict[str, object]) -> Path:
+    """A ``--run-config`` TOML file of ``values`` (strings quoted, booleans lower-case)."""
+
+    def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f'"{value}"' if isinstance(value, str) else repr(value)
+
+    path.write_text("".join(f"{k} = {toml(v)}\n" for k, v in values.items()))
+    return path
+
+
+def record_figure(key: str, value: object) -> None:
+    """Add a figure to the summary ``make deploy-test`` writes (the JSON file that
+    ``FEDPERS_DEPLOY_SUMMARY`` names; nothing when it is unset)."""
+    target = os.environ.get("FEDPERS_DEPLOY_SUMMARY", "")
+    if not target:
+        return
+    path = Path(target)
+    found = json.loads(path.read_text()) if path.exists() else {}
+    found[key] = value
+    path.write_text(json.dumps(found, indent=2))

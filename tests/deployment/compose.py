@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.simulations.launch import flower_environment, staged_app
-from tests.deployment.cluster import BIN, PROJECT, load_script
+from tests.deployment.cluster import BIN, PROJECT, load_script, write_run_config
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
@@ -128,7 +128,7 @@ class Compose:
     ) -> subprocess.CompletedProcess[str]:
         """``flwr run`` of the fedpers app with ``values`` as its run config."""
         config = self.work / f"{values['run-name']}.toml"
-        config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
+        write_run_config(config, values)
         return self.cli(
             "run", str(staged_app(PROJECT, self.work / "app")), self.entrypoint.CONNECTION,
             "--run-config", str(config),
@@ -151,9 +151,3 @@ class Compose:
     def close(self) -> None:
         """Remove the project's containers, networks and volumes."""
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5")
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str) else repr(value)

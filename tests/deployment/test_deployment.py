@@ -29,7 +29,7 @@ import pytest
 
 from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.reports import read_rounds, read_summary
-from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for
+from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for, write_run_config
 from tests.simulations.conftest import InProcessSimulation
 
 # Network namespaces, a bridge and a firewall rule of its own, checked as found after: no
@@ -125,7 +125,7 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     )
     config = tmp_path / "deployed.toml"
     values = {**RUN, "num-rounds": ROUNDS, "results-dir": str(results), "run-name": "deployed"}
-    config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
+    write_run_config(config, values)
     outcome: dict[str, subprocess.CompletedProcess[str]] = {}
     run = threading.Thread(
         target=lambda: outcome.setdefault(
@@ -244,10 +244,6 @@ def _firewall() -> tuple[str, str]:
     )
     sysctl = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
     return rules, sysctl.read_text() if sysctl.exists() else ""
-
-
-def _toml(value: object) -> str:
-    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def test_a_device_container_runs_the_supernode_its_environment_names(

@@ -24,7 +24,7 @@ import pytest
 
 from fedpers.reports import read_rounds
 from fedpers.simulations.launch import LocalSimulation
-from tests.deployment.cluster import wait_for
+from tests.deployment.cluster import record_figure, wait_for
 from tests.deployment.compose import Compose, docker
 
 pytestmark = pytest.mark.docker
@@ -38,7 +38,6 @@ RUN: dict[str, object] = {
     "round-timeout": 40.0,
     "results-dir": "/results",
 }
-SUMMARY = os.environ.get("FEDPERS_DEPLOY_SUMMARY", "")
 ROUNDS_KILLED = 25
 
 
@@ -64,16 +63,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
         project.close()
         left = docker("ps", "-a", "--filter", f"name={project.project}_", "-q").stdout
         assert not left.strip()
-
-
-def _record(key: str, value: object) -> None:
-    """Add a figure to the summary make deploy-test prints."""
-    if not SUMMARY:
-        return
-    path = Path(SUMMARY)
-    found = json.loads(path.read_text()) if path.exists() else {}
-    found[key] = value
-    path.write_text(json.dumps(found, indent=2))
 
 
 def _simulate(values: dict[str, object], results: Path) -> Path:
@@ -153,7 +142,7 @@ print(json.dumps(out))
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     seen = json.loads(ran.stdout.strip().splitlines()[-1])
-    _record("device_network_probe", seen)
+    record_figure("device_network_probe", seen)
     assert seen["health"] == 200
     for key in ("control_register", "control_list_runs", "control_start_run", "runtime"):
         assert seen[key] == 403, seen
@@ -247,8 +236,8 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
     assert all(r.replies == NODES and r.failures == 0 for r in deployed)
     _same_metrics(deployed, read_rounds(twin["dir"]))
     steady = deployed[1:]
-    _record("round_seconds", float(np.mean([r.seconds for r in steady])))
-    _record(
+    record_figure("round_seconds", float(np.mean([r.seconds for r in steady])))
+    record_figure(
         "round_split",
         {
             "isolation": deployment.env["FEDPERS_ISOLATION"],
@@ -260,7 +249,7 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
     )
     # Each device within its Raspberry Pi class budget (1 GiB, one CPU) every round.
     peaks = memory.summary()
-    _record("device_peak_memory_mb", peaks)
+    record_figure("device_peak_memory_mb", peaks)
     assert all(len(v) == 3 for v in memory.peaks.values()), peaks
     assert all(memory.limits[s] == 2**30 for s in devices), memory.limits
     for service in devices:
@@ -310,7 +299,7 @@ def test_crashed_supernode_restarts_on_its_own_and_rejoins(deployment: Compose) 
     trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
     after = sum(1 for r in records if r.round >= rejoined[0])
     assert trained >= after + 2, (trained, after, missing)
-    _record(
+    record_figure(
         "killed_supernode",
         {
             "rounds_without_it": missing,
@@ -363,7 +352,7 @@ def test_superlink_restart_then_resume_gives_the_uninterrupted_metrics(
     assert [r.round for r in records] == [1, 2, 3, 4, 5]
     assert all(r.replies == NODES for r in records), [(r.round, r.replies) for r in records]
     _same_metrics(records, read_rounds(twin["dir"]))
-    _record(
+    record_figure(
         "superlink_restart",
         {
             "rounds_before_restart": interrupted,
@@ -423,7 +412,9 @@ def test_a_node_with_trusted_entities_refuses_an_unsigned_app(
     restarted = deployment.compose("start", "supernode-2")
     assert restarted.returncode == 0, restarted.stderr
     deployment.wait_healthy(["supernode-2"], 180)
-    _record("trusted_entities", {"flwr_run_exit": result.returncode, "failure": failure["reason"]})
+    record_figure(
+        "trusted_entities", {"flwr_run_exit": result.returncode, "failure": failure["reason"]}
+    )
 
 
 def _container_health(name: str) -> str:
@@ -443,4 +434,4 @@ def test_down_then_up_again_registration_is_idempotent(deployment: Compose) -> N
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = read_rounds(deployment.results / "again")
     assert records[0].replies == NODES
-    _record("down_up_seconds_to_healthy_and_one_round", round(time.monotonic() - started, 1))
+    record_figure("down_up_seconds_to_healthy_and_one_round", round(time.monotonic() - started, 1))

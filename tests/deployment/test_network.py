@@ -19,7 +19,6 @@ kernel has no netem, which make deploy-test installs) and records its figures.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -32,7 +31,7 @@ import numpy as np
 import pytest
 
 from fedpers.reports import read_rounds, read_summary
-from tests.deployment.cluster import Cluster, wait_for
+from tests.deployment.cluster import Cluster, record_figure, wait_for, write_run_config
 from tests.deployment.links import Impairment, Shaper
 from tests.simulations.conftest import InProcessSimulation
 
@@ -52,7 +51,6 @@ RUN = {
     "round-timeout": 45.0,
 }
 RUN_LIMIT = 900
-SUMMARY = os.environ.get("FEDPERS_DEPLOY_SUMMARY", "")
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +80,6 @@ def shaped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, 
             warnings.warn(f"link counts ({shaper.mechanism()}): {shaper.counts()}", stacklevel=1)
 
 
-def _record(key: str, value: object) -> None:
-    if not SUMMARY:
-        return
-    path = Path(SUMMARY)
-    found = json.loads(path.read_text()) if path.exists() else {}
-    found[key] = value
-    path.write_text(json.dumps(found, indent=2))
-
-
-def _toml(value: object) -> str:
-    return f'"{value}"' if isinstance(value, str) else repr(value)
-
-
 def test_a_run_over_impaired_links_survives_a_cut_link(
     shaped: tuple[Cluster, Shaper], tmp_path: Path
 ) -> None:
@@ -105,7 +90,7 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
     )
     config = tmp_path / "deployed.toml"
     values = {**RUN, "num-rounds": ROUNDS, "results-dir": str(results), "run-name": "deployed"}
-    config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
+    write_run_config(config, values)
     outcome: dict[str, object] = {}
 
     def run() -> None:
@@ -176,7 +161,7 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
     # the round's time over these links: every round with every node but the first
     # (cold ClientApp processes, the first fetch of the app)
     steady = [r for r in deployed[1:] if r.replies == NODES]
-    _record(
+    record_figure(
         "netem_round_seconds",
         {
             "link": (
