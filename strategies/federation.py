@@ -348,6 +348,24 @@ PULL_INTERVAL = 0.1  # seconds: the shortest wait between two pulls
 PULL_SHARE = 0.1  # the most of an exchange's time spent pulling (see send_and_collect)
 
 
+def expire_with_the_round(messages: Iterable[Message], timeout: float) -> None:
+    """Let each message live as long as the round waits for it, and no longer.
+
+    Flower gives a message a 12-hour TTL by default. A node that was away when its round
+    ended (a cut link: the SuperNode reconnects by itself) then fetched that round's
+    message when it came back, trained on it and replied to a round that was over: the
+    reply was dropped, but the device's personal state had taken the step (seen in every
+    run of tests/deployment/test_network.py). With the TTL ending when the round stops
+    waiting, the SuperLink no longer hands it out (its ``get_message_ins`` skips expired
+    messages), in deployment and in simulation alike."""
+    if not math.isfinite(timeout):
+        return
+    now = time.time()
+    for message in messages:
+        alive = now - message.metadata.created_at + timeout
+        message.metadata.ttl = min(message.metadata.ttl, alive)
+
+
 def send_and_collect(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
     """Flower's ``grid.send_and_receive``, with a pull interval that follows the pull's cost.
 
@@ -362,8 +380,10 @@ def send_and_collect(grid: Grid, messages: list[Message], timeout: float) -> lis
     time: a deployed pull that waited for a reply's objects (Flower's backoff) spent
     nothing, and a wall-clock measure made the next wait nine times that wait (18-20 s
     gaps in the deployed digits run). Same results as ``send_and_receive``: every reply
-    that arrives before ``timeout`` seconds.
+    that arrives before ``timeout`` seconds; a message is not handed out after them
+    (``expire_with_the_round``).
     """
+    expire_with_the_round(messages, timeout)
     outstanding = set(grid.push_messages(messages))
     replies: list[Message] = []
     deadline = time.monotonic() + timeout

@@ -41,3 +41,48 @@ def test_a_pull_that_waited_does_not_lengthen_the_next_wait(
     assert len(replies) == 1
     # Wall time would have asked for 9 x 0.3 s; the pull used (almost) no processor.
     assert waits == [federation.PULL_INTERVAL]
+
+
+class _RecordingGrid:
+    """Keeps what was pushed; never answers."""
+
+    def __init__(self) -> None:
+        self.pushed: list[Any] = []
+
+    def push_messages(self, messages: list[Any]) -> list[str]:
+        self.pushed += messages
+        return [f"m{i}" for i in range(len(messages))]
+
+    def pull_messages(self, ids: Any) -> list[Any]:
+        return []
+
+
+def test_a_message_expires_when_its_round_stops_waiting() -> None:
+    """Its created_at + ttl is the exchange's deadline (a node back after a cut link must
+    not fetch a round that is over and train on it); built a while before it is sent,
+    it still lives until then."""
+    from flwr.app import Message, RecordDict
+
+    messages = [Message(content=RecordDict(), message_type="train", dst_node_id=n) for n in (1, 2)]
+    for message in messages:
+        message.metadata.__dict__["_created_at"] -= 5.0  # built 5 s before the send
+    grid = _RecordingGrid()
+    timeout = 0.05
+    before = federation.time.time()
+    federation.send_and_collect(grid, messages, timeout=timeout)  # type: ignore[arg-type]
+    after = federation.time.time()
+    assert len(grid.pushed) == 2
+    for message in grid.pushed:
+        expiry = message.metadata.created_at + message.metadata.ttl
+        assert before + timeout - 1e-6 <= expiry <= after + timeout + 1e-6
+
+
+def test_without_a_timeout_flower_s_ttl_stays() -> None:
+    from flwr.app import Message, RecordDict
+
+    message = Message(content=RecordDict(), message_type="train", dst_node_id=1)
+    flower_ttl = message.metadata.ttl
+    federation.expire_with_the_round([message], float("inf"))
+    assert message.metadata.ttl == flower_ttl
+    federation.expire_with_the_round([message], 1e9)  # never longer than Flower's
+    assert message.metadata.ttl == flower_ttl
