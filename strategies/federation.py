@@ -348,6 +348,9 @@ PULL_INTERVAL = 0.1  # seconds: the shortest wait between two pulls
 PULL_SHARE = 0.1  # the most of an exchange's time spent pulling (see send_and_collect)
 
 
+EXPIRY_GRACE = 2.0  # seconds a message outlives its exchange
+
+
 def expire_with_the_round(messages: Iterable[Message], timeout: float) -> None:
     """Let each message live as long as the round waits for it, and no longer.
 
@@ -362,7 +365,9 @@ def expire_with_the_round(messages: Iterable[Message], timeout: float) -> None:
         return
     now = time.time()
     for message in messages:
-        alive = now - message.metadata.created_at + timeout
+        # EXPIRY_GRACE: a reply that arrived just before the deadline is still alive at
+        # the last pull (the SuperLink answers an expired reply with an error)
+        alive = now - message.metadata.created_at + timeout + EXPIRY_GRACE
         message.metadata.ttl = min(message.metadata.ttl, alive)
 
 
