@@ -19,11 +19,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from fedpers.simulations.launch import flower_environment, staged_app
 
@@ -265,6 +269,37 @@ class Cluster:
             cwd=PROJECT,
         )
 
+    def start_run(
+        self, config: Path, run_dir: Path, *, rounds: int, limit: float
+    ) -> Callable[[], subprocess.CompletedProcess[str]]:
+        """``flwr run`` of the app with the run config ``config``, in a thread; return once
+        ``rounds`` rounds of ``run_dir`` are recorded (AssertionError with the run's
+        failure.json if it failed first). Calling the result waits for the run's end and
+        gives its outcome, which must be a success."""
+        outcome: dict[str, subprocess.CompletedProcess[str]] = {}
+        args = ["run", str(self.app), "fedpers", "--run-config", str(config), "--stream"]
+        thread = threading.Thread(
+            target=lambda: outcome.setdefault("run", self.cli(*args, timeout=limit))
+        )
+        thread.start()
+        rounds_file, failure = run_dir / "rounds.jsonl", run_dir / "failure.json"
+        wait_for(
+            lambda: (
+                failure.exists()
+                or (rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= rounds)
+            ),
+            limit,
+        )
+        assert not failure.exists(), failure.read_text()
+
+        def finished() -> subprocess.CompletedProcess[str]:
+            thread.join(timeout=limit)
+            done = outcome["run"]
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            return done
+
+        return finished
+
     def register(self, index: int) -> int:
         """Register node ``index``'s public key with the SuperLink; return its node id."""
         public = self.credentials / "operator" / "nodes" / f"node{index}.pub"
@@ -386,3 +421,31 @@ def record_figure(key: str, value: object) -> None:
     found = json.loads(path.read_text()) if path.exists() else {}
     found[key] = value
     path.write_text(json.dumps(found, indent=2))
+
+
+def same_rounds(deployed: list[Any], simulated: list[Any], nodes: int) -> None:
+    """Each of ``simulated``'s rounds had every node and the metrics of ``deployed``'s
+    round of the same place, to rtol 1e-9."""
+    for ours, theirs in zip(deployed[: len(simulated)], simulated, strict=True):
+        assert ours.replies == theirs.replies == nodes
+        for section in ("train", "evaluate"):
+            mine, other = getattr(ours, section), getattr(theirs, section)
+            assert set(mine) == set(other)
+            for key in mine:
+                np.testing.assert_allclose(mine[key], other[key], rtol=1e-9, atol=1e-12)
+
+
+def newest_snapshot(folder: Path, run_name: str, partition: int) -> tuple[int, list[str]]:
+    """The ``rounds-trained`` count and the array names of a device's newest snapshot of
+    ``run_name`` (clients/device_state.py writes one per round trained)."""
+    states = sorted(
+        folder.glob(f"{run_name}-*-partition-{partition}-round-*.npz"),
+        key=lambda p: int(p.stem.rsplit("-", 1)[1]),
+    )
+    assert states, f"no snapshot of {run_name} partition {partition} in {folder}"
+    with np.load(states[-1]) as stored:
+        configs = str(stored["__configs__"])
+        names = list(stored.files)
+    found = re.search(r'"rounds-trained": (\d+)', configs)
+    assert found is not None, configs
+    return int(found.group(1)), names

@@ -15,21 +15,25 @@ node needs a few of them to start and register: it is not asked to be back by ro
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
-import threading
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.reports import read_rounds, read_summary
-from tests.deployment.cluster import PROJECT, Cluster, load_script, wait_for, write_run_config
+from tests.deployment.cluster import (
+    PROJECT,
+    Cluster,
+    load_script,
+    newest_snapshot,
+    same_rounds,
+    write_run_config,
+)
 from tests.simulations.conftest import InProcessSimulation
 
 # Network namespaces, a bridge and a firewall rule of its own, checked as found after: no
@@ -126,50 +130,17 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     config = tmp_path / "deployed.toml"
     values = {**RUN, "num-rounds": ROUNDS, "results-dir": str(results), "run-name": "deployed"}
     write_run_config(config, values)
-    outcome: dict[str, subprocess.CompletedProcess[str]] = {}
-    run = threading.Thread(
-        target=lambda: outcome.setdefault(
-            "run",
-            cluster.cli(
-                "run",
-                str(cluster.app),
-                "fedpers",
-                "--run-config",
-                str(config),
-                "--stream",
-                timeout=RUN_LIMIT,
-            ),
-        )
-    )
-    run.start()
-    rounds_file = results / "deployed" / "rounds.jsonl"
-    failure = results / "deployed" / "failure.json"
-    wait_for(
-        lambda: (
-            failure.exists()
-            or (rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 2)
-        ),
-        RUN_LIMIT,
-    )
-    assert not failure.exists(), failure.read_text()
+    finished = cluster.start_run(config, results / "deployed", rounds=2, limit=RUN_LIMIT)
     cluster.kill("node2")  # round 3 starts without it
     spare = NODES + 1  # node4: the key of the replaced device
     cluster.replace_identity(2, spare)
     cluster.start_supernode(2, key=str(cluster.credentials / f"node{spare}" / f"node{spare}"))
-    run.join(timeout=RUN_LIMIT)
-    assert outcome["run"].returncode == 0, outcome["run"].stdout[-3000:] + outcome["run"].stderr
+    finished()
 
     deployed = read_rounds(results / "deployed")
     assert [r.round for r in deployed] == list(range(1, ROUNDS + 1))
     # Rounds 1-2: every node trained; the same metrics as in simulation.
-    twin_rounds = read_rounds(simulated)
-    for ours, theirs in zip(deployed[:2], twin_rounds, strict=True):
-        assert ours.replies == theirs.replies == NODES
-        for section in ("train", "evaluate"):
-            mine, other = getattr(ours, section), getattr(theirs, section)
-            assert set(mine) == set(other)
-            for key in mine:
-                np.testing.assert_allclose(mine[key], other[key], rtol=1e-9, atol=1e-12)
+    same_rounds(deployed, read_rounds(simulated), NODES)
     # Round 3: the killed node is missing and recorded; the round completed.
     assert deployed[2].sampled == NODES
     assert deployed[2].replies == NODES - 1
@@ -180,16 +151,9 @@ def test_deployed_run_matches_simulation_and_survives_a_killed_node(
     assert all(r.replies == NODES for r in deployed[back[0] - 1 :])
     assert read_summary(results / "deployed")["rounds"] == ROUNDS
     # Its c_i came back from the device: it counts the rounds trained before the kill.
-    states = sorted(
-        (cluster.work / "device-state" / "node2").glob("deployed-*-partition-2-round-*.npz"),
-        key=lambda p: int(p.stem.rsplit("-", 1)[1]),
-    )
-    assert states
-    with np.load(states[-1]) as stored:
-        configs = str(stored["__configs__"])
-        variates = [k for k in stored.files if k.startswith(f"a|{STATE_CONTROL}|")]
+    trained, names = newest_snapshot(cluster.work / "device-state" / "node2", "deployed", 2)
+    variates = [k for k in names if k.startswith(f"a|{STATE_CONTROL}|")]
     assert len(variates) == 6  # c_i of each of the MLP's six parameter arrays
-    trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
     # 2 before the kill + every round since its return; a fresh c_i would count only
     # the rounds since its return
     assert trained >= 2 + ROUNDS - back[0] + 1

@@ -21,8 +21,6 @@ kernel has no netem, which make deploy-test installs) and records its figures.
 from __future__ import annotations
 
 import os
-import re
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -32,7 +30,13 @@ import numpy as np
 import pytest
 
 from fedpers.reports import read_rounds, read_summary
-from tests.deployment.cluster import Cluster, record_figure, wait_for, write_run_config
+from tests.deployment.cluster import (
+    Cluster,
+    newest_snapshot,
+    record_figure,
+    same_rounds,
+    write_run_config,
+)
 from tests.deployment.links import Impairment, Shaper
 from tests.simulations.conftest import InProcessSimulation
 
@@ -92,35 +96,14 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
     config = tmp_path / "deployed.toml"
     values = {**RUN, "num-rounds": ROUNDS, "results-dir": str(results), "run-name": "deployed"}
     write_run_config(config, values)
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        outcome["run"] = cluster.cli(
-            "run", str(cluster.app), "fedpers", "--run-config", str(config), "--stream",
-            timeout=RUN_LIMIT,
-        )  # fmt: skip
-
-    thread = threading.Thread(target=run)
     started = time.monotonic()
-    thread.start()
-    rounds_file = results / "deployed" / "rounds.jsonl"
-    failure = results / "deployed" / "failure.json"
-    wait_for(
-        lambda: (
-            failure.exists()
-            or (rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 2)
-        ),
-        RUN_LIMIT,
-    )
-    assert not failure.exists(), failure.read_text()
+    finished = cluster.start_run(config, results / "deployed", rounds=2, limit=RUN_LIMIT)
     cut_at = time.monotonic() - started
     shaper.cut("node2")  # round 3 has started, or is about to
     time.sleep(CUT_SECONDS)
     shaper.restore("node2")
     restored_at = time.monotonic() - started
-    thread.join(timeout=RUN_LIMIT)
-    result = outcome["run"]
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # type: ignore[attr-defined]
+    finished()
 
     deployed = read_rounds(results / "deployed")
     # Nothing lost or duplicated: every round once, in order, no more replies than asked.
@@ -128,13 +111,7 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
     assert all(r.replies <= r.sampled for r in deployed)
     assert read_summary(results / "deployed")["rounds"] == ROUNDS
     # Rounds 1-2 over the impaired links: every node, the simulated run's metrics.
-    for ours, theirs in zip(deployed[:2], read_rounds(simulated), strict=True):
-        assert ours.replies == theirs.replies == NODES
-        for section in ("train", "evaluate"):
-            mine, other = getattr(ours, section), getattr(theirs, section)
-            assert set(mine) == set(other)
-            for key in mine:
-                np.testing.assert_allclose(mine[key], other[key], rtol=1e-9, atol=1e-12)
+    same_rounds(deployed, read_rounds(simulated), NODES)
     # The cut: some round completed without node 2 and recorded it.
     missed = [r.round for r in deployed[2:] if r.replies < NODES]
     assert missed, [(r.round, r.replies, r.failures) for r in deployed]
@@ -147,14 +124,7 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
     assert all(r.replies == NODES for r in deployed[back[0] - 1 :])
     # Its personal state: the device counted every round it trained, before the cut and
     # after it, so its head was not restarted.
-    states = sorted(
-        (cluster.work / "device-state" / "node2").glob("deployed-*-partition-2-round-*.npz"),
-        key=lambda p: int(p.stem.rsplit("-", 1)[1]),
-    )
-    assert states
-    with np.load(states[-1]) as stored:
-        configs = str(stored["__configs__"])
-    trained = int(re.search(r'"rounds-trained": (\d+)', configs).group(1))  # type: ignore[union-attr]
+    trained, _ = newest_snapshot(cluster.work / "device-state" / "node2", "deployed", 2)
     answered = sum(1 for r in deployed if r.replies == NODES)
     # Exactly the rounds it answered: a message expires when its round stops waiting
     # (federation.expire_with_the_round), so the node, back after the cut, does not fetch
