@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SYSCTLS = [
     "net.ipv4.ip_forward",
@@ -68,7 +69,7 @@ def tables(saved: str) -> list[str]:
     return re.findall(r"^\*(\S+)", saved, flags=re.MULTILINE)
 
 
-def snapshot() -> dict[str, object]:
+def snapshot() -> dict[str, Any]:
     """The state this module saves and compares."""
     sysctls = {
         name: _sysctl_path(name).read_text().strip()
@@ -100,7 +101,7 @@ def save(folder: Path) -> None:
     (folder / "hoststate.json").write_text(json.dumps(snapshot(), indent=1))
 
 
-def _load(folder: Path) -> dict[str, object]:
+def _load(folder: Path) -> dict[str, Any]:
     path = folder / "hoststate.json"
     if not path.exists():
         raise SystemExit(f"{path} is missing: run `hoststate.py save {folder}` before the change")
@@ -117,14 +118,14 @@ def restore(folder: Path) -> list[str]:
         if done.returncode != 0:
             failed.append(f"{' '.join(command)}: {done.stderr.strip()}")
 
-    saved_firewall: dict[str, str] = before["firewall"]  # type: ignore[assignment]
+    saved_firewall: dict[str, str] = before["firewall"]
     for family, was in saved_firewall.items():
         if shutil.which(f"{family}-restore") is None:
             continue
-        now = firewall()[family]
+        current = firewall()[family]
         if was:
             run(f"{family}-restore", stdin=was)  # replaces each saved table whole
-        for table in set(tables(now)) - set(tables(was)):
+        for table in set(tables(current)) - set(tables(was)):
             # a table that did not exist: delete it (nft), else empty it and ACCEPT
             nft = "ip" if family == "iptables" else "ip6"
             if shutil.which("nft") and "nf_tables" in _out(family, "-V"):
@@ -132,26 +133,24 @@ def restore(folder: Path) -> list[str]:
             else:
                 run(family, "-t", table, "-F")
                 run(family, "-t", table, "-X")
-                for chain in re.findall(r"^:(\S+) (?!-)", now.split(f"*{table}")[1], re.M):
+                for chain in re.findall(r"^:(\S+) (?!-)", current.split(f"*{table}")[1], re.M):
                     run(family, "-t", table, "-P", chain, "ACCEPT")
-    sysctls: dict[str, str] = before["sysctls"]  # type: ignore[assignment]
+    sysctls: dict[str, str] = before["sysctls"]
     for name, value in sysctls.items():
         if _sysctl_path(name).exists() and _sysctl_path(name).read_text().strip() != value:
             try:
                 _sysctl_path(name).write_text(value)
             except OSError as error:
                 failed.append(f"sysctl {name}={value}: {error}")
-    links_before = set(before["links"])  # type: ignore[arg-type]
-    for link in sorted(set(snapshot()["links"]) - links_before):  # type: ignore[arg-type]
+    left = snapshot()  # after the firewall and sysctls: links, mounts, handlers left
+    for link in sorted(set(left["links"]) - set(before["links"])):
         if DOCKER_LINK.match(link):
             run("ip", "link", "del", link)
-    mounts_before = set(before["mounts"])  # type: ignore[arg-type]
-    for mount in sorted(set(snapshot()["mounts"]) - mounts_before, reverse=True):  # type: ignore[arg-type]
+    for mount in sorted(set(left["mounts"]) - set(before["mounts"]), reverse=True):
         if mount.startswith(DOCKER_MOUNT):
             run("umount", "-l", mount)
-    binfmt_before = before["binfmt"]
-    if binfmt_before is not None and (BINFMT / "register").exists():
-        for entry in sorted(set(snapshot()["binfmt"] or []) - set(binfmt_before)):  # type: ignore[arg-type]
+    if before["binfmt"] is not None and left["binfmt"] is not None:
+        for entry in sorted(set(left["binfmt"]) - set(before["binfmt"])):
             try:
                 (BINFMT / entry).write_text("-1")  # unregisters the handler
             except OSError as error:
@@ -163,8 +162,8 @@ def compare(folder: Path) -> list[str]:
     """What differs from the saved state, one line each (empty: left as found)."""
     before, now = _load(folder), snapshot()
     found = []
-    for family, was in before["firewall"].items():  # type: ignore[attr-defined]
-        is_now = now["firewall"][family]  # type: ignore[index]
+    for family, was in before["firewall"].items():
+        is_now = now["firewall"][family]
         if was != is_now:
             found.append(f"{family} rules differ:\n--- before\n{was}--- now\n{is_now}")
     for key in ("sysctls", "links", "mounts", "binfmt"):

@@ -423,16 +423,18 @@ def record_figure(key: str, value: object) -> None:
     path.write_text(json.dumps(found, indent=2))
 
 
-def same_rounds(deployed: list[Any], simulated: list[Any], nodes: int) -> None:
-    """Each of ``simulated``'s rounds had every node and the metrics of ``deployed``'s
-    round of the same place, to rtol 1e-9."""
-    for ours, theirs in zip(deployed[: len(simulated)], simulated, strict=True):
-        assert ours.replies == theirs.replies == nodes
+def same_rounds(ours: list[Any], theirs: list[Any], *, nodes: int | None = None) -> None:
+    """Two runs' rounds, pairwise: the same round numbers and the same metrics to rtol
+    1e-9; with ``nodes``, every node answered each of them in both."""
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.round == other.round
+        if nodes is not None:
+            assert mine.replies == other.replies == nodes
         for section in ("train", "evaluate"):
-            mine, other = getattr(ours, section), getattr(theirs, section)
-            assert set(mine) == set(other)
-            for key in mine:
-                np.testing.assert_allclose(mine[key], other[key], rtol=1e-9, atol=1e-12)
+            a, b = getattr(mine, section), getattr(other, section)
+            assert set(a) == set(b)
+            for key in a:
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12)
 
 
 def newest_snapshot(folder: Path, run_name: str, partition: int) -> tuple[int, list[str]]:

@@ -275,9 +275,9 @@ class Shaper:
                 process.kill()
                 process.wait(timeout=10)
         self.relays = {}
-        for index in range(len(self.hosts.names)):  # the relays' own veths, if left
-            for interface in (f"{self.hosts.prefix}r{index}",):
-                subprocess.run(["ip", "link", "del", interface], capture_output=True, check=False)
+        for index in range(len(self.hosts.names)):  # the relays' own veth pairs, if left
+            relay_end = f"{self.hosts.prefix}r{index}"
+            subprocess.run(["ip", "link", "del", relay_end], capture_output=True, check=False)
 
 
 def main(argv: list[str] | None = None) -> None:

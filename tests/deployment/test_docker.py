@@ -24,7 +24,7 @@ import pytest
 
 from fedpers.reports import read_rounds
 from fedpers.simulations.launch import LocalSimulation
-from tests.deployment.cluster import record_figure, wait_for
+from tests.deployment.cluster import record_figure, same_rounds, wait_for
 from tests.deployment.compose import Compose, docker
 
 pytestmark = pytest.mark.docker
@@ -68,16 +68,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
 def _simulate(values: dict[str, object], results: Path) -> Path:
     with LocalSimulation(echo=lambda line: None) as simulation:
         return simulation.run({**values, "results-dir": str(results)})
-
-
-def _same_metrics(ours: list, theirs: list) -> None:  # type: ignore[type-arg]
-    for mine, other in zip(ours, theirs, strict=True):
-        assert mine.round == other.round
-        for section in ("train", "evaluate"):
-            a, b = getattr(mine, section), getattr(other, section)
-            assert set(a) == set(b)
-            for key in a:
-                np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12)
 
 
 def test_containers_are_non_root_and_hold_only_their_own_secrets(deployment: Compose) -> None:
@@ -234,7 +224,7 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
     deployed = read_rounds(deployment.results / "deployed")
     assert [r.round for r in deployed] == [1, 2, 3]
     assert all(r.replies == NODES and r.failures == 0 for r in deployed)
-    _same_metrics(deployed, read_rounds(twin["dir"]))
+    same_rounds(deployed, read_rounds(twin["dir"]))
     steady = deployed[1:]
     record_figure("round_seconds", float(np.mean([r.seconds for r in steady])))
     record_figure(
@@ -351,7 +341,7 @@ def test_superlink_restart_then_resume_gives_the_uninterrupted_metrics(
     records = read_rounds(deployment.results / "restarted")
     assert [r.round for r in records] == [1, 2, 3, 4, 5]
     assert all(r.replies == NODES for r in records), [(r.round, r.replies) for r in records]
-    _same_metrics(records, read_rounds(twin["dir"]))
+    same_rounds(records, read_rounds(twin["dir"]))
     record_figure(
         "superlink_restart",
         {
