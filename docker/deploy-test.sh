@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # make deploy-test: the deployment for real, on a fresh Debian machine (as root).
-# Installs what it needs (docker.io, docker-compose, mmdebstrap, iptables, ethtool),
-# saves the host's network state (docker/hoststate.py), runs the bad-network test in
-# network namespaces (tests/deployment/test_network.py), starts a Docker daemon if none
-# answers, builds the base image from Debian's packages where Docker Hub is out of reach,
-# fills the wheelhouse on the host, builds both images (the device's with torch's CPU
-# build), runs tests/deployment/test_docker.py, stops the daemon it started, puts the
-# host back as found and checks that it is, and writes results/deploy-test/summary.json.
+# Installs what it needs (docker.io, docker-compose, mmdebstrap, iptables, ethtool,
+# qemu-user-static), saves the host's state (docker/hoststate.py), runs the bad-network
+# test in network namespaces (tests/deployment/test_network.py), starts a Docker daemon if
+# none answers, builds the base image from Debian's packages where Docker Hub is out of
+# reach, fills the wheelhouses on the host, builds the server image and both device
+# images (amd64 with torch's CPU build; arm64 under emulation, from an arm64 base made
+# with mmdebstrap), runs tests/deployment/test_docker.py (its mixed federation runs one
+# device on the arm64 image), stops the daemon it started, puts the host back as found
+# (the emulation's binfmt handler too) and checks that it is, and writes
+# results/deploy-test/summary.json. An amd64 host is assumed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -64,8 +67,10 @@ summary = {
     "host_left_as_found": (work / "host" / "as-found").read_text().strip() == "true"
     if (work / "host" / "as-found").exists() else None,
 }
-if summary["arm64_round_seconds"] is None:
-    summary["arm64"] = "not built: no arm64 image or emulated SuperNode yet (docs/deploying.md)"
+if (work / "arm64.txt").exists():
+    summary["arm64"] = (work / "arm64.txt").read_text()
+elif summary["arm64_round_seconds"] is None:
+    summary.setdefault("arm64", "no mixed-federation round: see the Docker tests' outcome")
 target.write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
 PYTHON
@@ -79,6 +84,7 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v ethtool >/dev/null || missing+=(ethtool)  # the user-space link shaper
+[[ -f /usr/lib/binfmt.d/qemu-aarch64.conf ]] || missing+=(qemu-user-static)  # arm64
 if (( ${#missing[@]} )); then
     echo "installing ${missing[*]} from Debian's packages"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -104,17 +110,29 @@ if ! $DOCKER info >/dev/null 2>&1; then
 fi
 
 base="${FEDPERS_BASE:-}"
+# arm64 under emulation: a machine without binfmt_misc or qemu still runs the rest (the
+# mixed-federation test then skips, and the summary says why)
+base_arm64="${FEDPERS_BASE_ARM64:-fedpers-base:bookworm-arm64}"
+arm64=""
+if ! docker/emulation.sh register 2>"$work/arm64.err"; then
+    arm64="no arm64 emulation: $(tail -1 "$work/arm64.err")"
+elif ! DOCKER=$DOCKER docker/base-image.sh "$base_arm64" arm64 >"$work/arm64.log" 2>&1; then
+    arm64="the arm64 base did not build: $(tail -1 "$work/arm64.log")"
+fi
 if [[ -z "$base" ]]; then
     if timeout 60 $DOCKER pull -q python:3.11-slim >/dev/null 2>&1; then
         base=python:3.11-slim
     else
         echo "Docker Hub is out of reach: the base image comes from Debian's packages"
         base=fedpers-base:bookworm
-        docker/base-image.sh "$base"
+        DOCKER=$DOCKER docker/base-image.sh "$base"
     fi
 fi
 t1=$(date +%s)
 $PY docker/wheelhouse.py
+if [[ -z "$arm64" ]] && ! $PY docker/wheelhouse.py --arch arm64 >"$work/arm64.log" 2>&1; then
+    arm64="the arm64 wheelhouse did not fill: $(tail -1 "$work/arm64.log")"
+fi
 t2=$(date +%s)
 for image in server device; do
     s=$(date +%s)
@@ -122,6 +140,21 @@ for image in server device; do
         -t "fedpers-$image:1.42" . >/dev/null
     echo "built fedpers-$image:1.42 in $(( $(date +%s) - s )) s"
 done
+s=$(date +%s)  # under emulation: pip installs the wheels in arm64 Python
+if [[ -z "$arm64" ]]; then
+    if DOCKER_BUILDKIT=1 $DOCKER build -q --platform linux/arm64 -f docker/Dockerfile.device \
+        --build-arg "BASE=$base_arm64" --build-arg WHEELS=device-arm64 \
+        -t fedpers-device:1.42-arm64 . >"$work/arm64.log" 2>&1; then
+        echo "built fedpers-device:1.42-arm64 in $(( $(date +%s) - s )) s"
+    else
+        arm64="the arm64 device image did not build: $(tail -1 "$work/arm64.log")"
+    fi
+fi
+if [[ -n "$arm64" ]]; then
+    echo "arm64: $arm64"
+    $DOCKER image rm -f fedpers-device:1.42-arm64 >/dev/null 2>&1 || true  # not a stale one
+    printf '%s' "$arm64" > "$work/arm64.txt"
+fi
 t3=$(date +%s)
 
 FEDPERS_DEPLOY_SUMMARY="$summary" $PY -m pytest -p no:cacheprovider -m docker \
@@ -134,9 +167,11 @@ cat "$work/network.log" "$work/pytest.log" > "$work/all.log"
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$work/all.log" | sed 's/^/  /' || true
 grep -E "[0-9]+ (passed|failed|skipped)" "$work/all.log" | sed 's/^=* *//; s/ =*$//' \
     | paste -sd ';' > "$work/tests.txt" || true
-for name in "$base" fedpers-server:1.42 fedpers-device:1.42; do
-    $DOCKER image inspect -f "$name {{.Architecture}} {{.Size}}" "$name" >> "$work/images.txt" \
-        2>/dev/null || true
+# image_bytes: one name per image, a size per architecture
+for name in "$base" fedpers-server:1.42 fedpers-device:1.42 "$base_arm64" \
+    fedpers-device:1.42-arm64; do
+    $DOCKER image inspect -f "${name%-arm64} {{.Architecture}} {{.Size}}" "$name" \
+        >> "$work/images.txt" 2>/dev/null || true
 done
 printf '%s %s\n' wheelhouse $(( t2 - t1 )) images $(( t3 - t2 )) docker-tests $(( t4 - t3 )) \
     total $(( t4 - t0 )) >> "$work/stages.txt"

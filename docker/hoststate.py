@@ -13,8 +13,10 @@ nothing, so ``restore`` deletes every table that did not exist before, rather th
 flushing it (a flushed table keeps Docker's DROP policy). It then writes the saved
 sysctls back, deletes the links Docker names (docker0, br-*, veth*) that were not there
 before, unmounts what appeared under Docker's folders, and removes binfmt handlers that
-were not registered before. ``compare`` checks the result: the firewall's rules
-(without counters), the sysctls, the links, the mounts and the binfmt handlers.
+were not registered before (docker/emulation.sh registers one for arm64 images), and
+unmounts binfmt_misc where it was not mounted. ``compare`` checks the result: the
+firewall's rules (without counters), the sysctls, the links, the mounts and the binfmt
+handlers.
 """
 
 from __future__ import annotations
@@ -69,6 +71,21 @@ def tables(saved: str) -> list[str]:
     return re.findall(r"^\*(\S+)", saved, flags=re.MULTILINE)
 
 
+def binfmt_state() -> dict[str, Any]:
+    """Whether binfmt_misc is mounted, and its handlers (read through a short mount if not:
+    handlers are the kernel's, and outlive the mount)."""
+    mounted = (BINFMT / "register").exists()
+    mount = ["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)]
+    if not mounted and subprocess.run(mount, capture_output=True, check=False).returncode:
+        return {"mounted": False, "handlers": None}  # not root, or no binfmt_misc
+    try:
+        handlers = sorted(p.name for p in BINFMT.iterdir() if p.name not in ("register", "status"))
+    finally:
+        if not mounted:
+            subprocess.run(["umount", str(BINFMT)], capture_output=True, check=False)
+    return {"mounted": mounted, "handlers": handlers}
+
+
 def snapshot() -> dict[str, Any]:
     """The state this module saves and compares."""
     sysctls = {
@@ -82,11 +99,7 @@ def snapshot() -> dict[str, Any]:
     mounts = sorted(
         {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
     )
-    binfmt = (
-        sorted(p.name for p in BINFMT.iterdir() if p.name not in ("register", "status"))
-        if (BINFMT / "register").exists()
-        else None
-    )
+    binfmt = binfmt_state()
     return {
         "firewall": firewall(),
         "sysctls": sysctls,
@@ -149,12 +162,17 @@ def restore(folder: Path) -> list[str]:
     for mount in sorted(set(left["mounts"]) - set(before["mounts"]), reverse=True):
         if mount.startswith(DOCKER_MOUNT):
             run("umount", "-l", mount)
-    if before["binfmt"] is not None and left["binfmt"] is not None:
-        for entry in sorted(set(left["binfmt"]) - set(before["binfmt"])):
-            try:
-                (BINFMT / entry).write_text("-1")  # unregisters the handler
-            except OSError as error:
-                failed.append(f"binfmt {entry}: {error}")
+    was, now = before["binfmt"], left["binfmt"]
+    added = sorted(set(now["handlers"] or []) - set(was["handlers"] or []))
+    if added and not now["mounted"]:
+        run("mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT))
+    for entry in added:
+        try:
+            (BINFMT / entry).write_text("-1")  # unregisters the handler
+        except OSError as error:
+            failed.append(f"binfmt {entry}: {error}")
+    if not was["mounted"] and (now["mounted"] or added):  # as found: not mounted
+        run("umount", str(BINFMT))
     return failed
 
 

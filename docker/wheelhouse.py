@@ -1,6 +1,6 @@
 """Fill the images' wheelhouses on the host, so that both images build offline.
 
-    python docker/wheelhouse.py [--only server|device] [--torch cpu|cuda]
+    python docker/wheelhouse.py [--only server|device] [--torch cpu|cuda] [--arch arm64]
 
 Downloads the pinned versions of ``constraints.txt`` into ``docker/wheelhouse/server`` and
 ``docker/wheelhouse/device`` and writes ``requirements.lock`` beside them: every wheel as
@@ -8,15 +8,19 @@ Downloads the pinned versions of ``constraints.txt`` into ``docker/wheelhouse/se
 --no-index`` exactly what was downloaded here (pip checked the index's hashes while
 downloading).
 
-The device's torch is the CPU build by default (``--torch cpu``, an image of about 1.2 GB):
+The device's torch is the CPU build by default (``--torch cpu``, an image of 1.66 GB):
 torch's CPU wheel index (download.pytorch.org/whl/cpu) where it answers, else a CPU wheel
 for this Python in one of pip's find-links folders (``pip config``, ``PIP_FIND_LINKS``;
 this machine keeps torch 2.13.0+cpu there, offline), which may be another version than
 ``constraints.txt`` pins: the lock says which. ``--torch cuda`` fills
 ``docker/wheelhouse/device-cuda`` with the pinned CUDA build instead (about 3 GB of wheels
 with its NVIDIA libraries, a 6.8 GB image), for ``docker build --build-arg
-WHEELS=device-cuda``. Existing wheels are kept, so a second call only downloads what
-changed.
+WHEELS=device-cuda``. ``--arch arm64`` fills ``docker/wheelhouse/device-arm64`` for the
+arm64 device image (Raspberry Pi class), from any host: aarch64 wheels for Python 3.11
+(Debian bookworm's), binary only, with ``ARM64_TORCH``, the newest torch whose aarch64
+wheel on PyPI is a CPU build (from 2.11 on it is a CUDA build of 420 MB and more, which
+needs NVIDIA's libraries to import). Existing wheels are kept, so a second call only
+downloads what changed.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import zipfile
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 HOUSE = Path(__file__).resolve().parent / "wheelhouse"
@@ -37,6 +44,14 @@ TORCH = "torch==2.14.1"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 SERVER = ["flwr==1.42.0", "numpy", "scipy", "scikit-learn", "matplotlib"]
 DEVICE = ["flwr==1.42.0", "flwr-datasets", "mnist1d", "numpy", "scipy", "scikit-learn"]
+# torch 2.10.0's aarch64 wheel: 146 MB, libtorch_cpu with OpenBLAS and Arm Compute Library
+ARM64_TORCH = "torch==2.10.0"
+# what the arm64 image's Python (bookworm: CPython 3.11, glibc 2.36) installs
+ARM64_TAGS = [
+    *(x for v in range(36, 16, -1) for x in ("--platform", f"manylinux_2_{v}_aarch64")),
+    *("--platform", "manylinux2014_aarch64", "--python-version", "3.11", "--implementation", "cp"),
+    *("--abi", "cp311", "--abi", "abi3", "--abi", "none", "--only-binary=:all:"),
+]
 WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-.*\.whl$")
 
 
@@ -119,33 +134,84 @@ def _cpu_torch(folder: Path) -> tuple[list[str], str]:
     )
 
 
-def fill(role: str, torch: str = "cpu") -> Path:
-    """Download the wheels of ``role`` (server or device) and lock them."""
-    folder = HOUSE / (role if role == "server" or torch == "cpu" else f"{role}-{torch}")
+def _without_torch(constraints: Path, scratch: str) -> Path:
+    """``constraints`` without its torch and torchvision pins."""
+    unpinned = Path(scratch) / "constraints.txt"
+    unpinned.write_text(
+        "".join(
+            line
+            for line in constraints.read_text().splitlines(keepends=True)
+            if not re.match(r"torch(vision)?==", line)
+        )
+    )
+    return unpinned
+
+
+def cuda_libraries(wheel: Path) -> list[str]:
+    """The CUDA libraries of torch a wheel holds (none in a CPU build)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return [n for n in archive.namelist() if re.search(r"/libtorch_cuda[^/]*\.so", n)]
+
+
+def arm64_requirements(wheel: Path) -> list[str]:
+    """What a wheel requires on the arm64 image (pip judges markers by the host's machine)."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(name).decode()
+    target = {"platform_machine": "aarch64", "platform_system": "Linux",
+              "sys_platform": "linux", "python_version": "3.11", "extra": ""}  # fmt: skip
+    found = []
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Dist: "):
+            requirement = Requirement(line.removeprefix("Requires-Dist: "))
+            if requirement.marker is None or requirement.marker.evaluate(target):
+                found.append(f"{requirement.name}{requirement.specifier}")
+    return found
+
+
+def _arm64_torch(folder: Path) -> list[str]:
+    """Download ARM64_TORCH alone; what it requires on arm64."""
+    result = _pip("--no-deps", *ARM64_TAGS, "-d", str(folder), ARM64_TORCH)
+    wheels = list(folder.glob(f"torch-{ARM64_TORCH.split('==')[1]}-*aarch64.whl"))
+    if result.returncode != 0 or not wheels:
+        raise SystemExit(f"pip download {ARM64_TORCH} for aarch64 failed:\n{result.stderr[-3000:]}")
+    return arm64_requirements(wheels[0])
+
+
+def fill(role: str, torch: str = "cpu", arch: str = "amd64") -> Path:
+    """Download the wheels of ``role`` (server or device) for ``arch`` and lock them."""
+    if arch == "arm64" and (role, torch) != ("device", "cpu"):
+        raise SystemExit("--arch arm64 fills the device wheelhouse with torch's CPU build only")
+    # server, device (amd64, torch's CPU build), device-cuda, device-arm64
+    folder = HOUSE / (
+        role if role == "server" else {"cuda": "device-cuda"}.get(torch, f"device-{arch}")
+    ).removesuffix("-amd64")
     folder.mkdir(parents=True, exist_ok=True)
     constraints = ROOT / "constraints.txt"
     packages = list(SERVER if role == "server" else DEVICE)
     with tempfile.TemporaryDirectory() as scratch:
-        if role == "device" and torch == "cpu":
+        if arch == "arm64":
+            sys.stdout.write(f"torch: {ARM64_TORCH} for aarch64, from the package index\n")
+            packages += [*_arm64_torch(folder), *ARM64_TAGS]
+            constraints = _without_torch(constraints, scratch)
+        elif role == "device" and torch == "cpu":
             extra, source = _cpu_torch(folder)
             sys.stdout.write(f"torch: the CPU build, from {source}\n")
             packages += extra
             # the CPU wheel may be another version than constraints.txt pins
-            unpinned = Path(scratch) / "constraints.txt"
-            unpinned.write_text(
-                "".join(
-                    line
-                    for line in constraints.read_text().splitlines(keepends=True)
-                    if not re.match(r"torch(vision)?==", line)
-                )
-            )
-            constraints = unpinned
+            constraints = _without_torch(constraints, scratch)
         elif role == "device":
             sys.stdout.write("torch: the pinned CUDA build of constraints.txt\n")
             packages.append(TORCH)
         result = _pip("-c", str(constraints), "-d", str(folder), *packages)
     if result.returncode != 0:
         raise SystemExit(f"pip download for the {role} image failed:\n{result.stderr[-3000:]}")
+    for wheel in folder.glob("torch-*.whl") if torch == "cpu" else []:
+        if cuda_libraries(wheel):
+            raise SystemExit(
+                f"{wheel.name} is a CUDA build ({', '.join(cuda_libraries(wheel)[:3])}): "
+                f"remove it and name a CPU build (ARM64_TORCH in {Path(__file__).name})"
+            )
     path = lock(folder)
     size = sum(p.stat().st_size for p in folder.glob("*.whl")) / 2**20
     sys.stdout.write(
@@ -162,9 +228,14 @@ def main(argv: list[str] | None = None) -> None:
         "--torch", choices=["cpu", "cuda"], default="cpu",
         help="the device's torch: the CPU build (default) or the pinned CUDA build",
     )  # fmt: skip
+    parser.add_argument(
+        "--arch", choices=["amd64", "arm64"], default="amd64",
+        help="arm64: the device wheelhouse for the arm64 image (device-arm64), from any host",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    for role in [args.only] if args.only else ["server", "device"]:
-        fill(role, args.torch)
+    default = ["device"] if args.arch == "arm64" else ["server", "device"]
+    for role in [args.only] if args.only else default:
+        fill(role, args.torch, args.arch)
 
 
 if __name__ == "__main__":

@@ -423,9 +423,11 @@ def record_figure(key: str, value: object) -> None:
     path.write_text(json.dumps(found, indent=2))
 
 
-def same_rounds(ours: list[Any], theirs: list[Any], *, nodes: int | None = None) -> None:
-    """Two runs' rounds, pairwise: the same round numbers and the same metrics to rtol
-    1e-9; with ``nodes``, every node answered each of them in both."""
+def same_rounds(
+    ours: list[Any], theirs: list[Any], *, nodes: int | None = None, rtol: float = 1e-9
+) -> None:
+    """Two runs' rounds, pairwise: the same round numbers and the same metrics to
+    ``rtol``; with ``nodes``, every node answered each of them in both."""
     for mine, other in zip(ours, theirs, strict=True):
         assert mine.round == other.round
         if nodes is not None:
@@ -434,7 +436,7 @@ def same_rounds(ours: list[Any], theirs: list[Any], *, nodes: int | None = None)
             a, b = getattr(mine, section), getattr(other, section)
             assert set(a) == set(b)
             for key in a:
-                np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12)
+                np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-12)
 
 
 def newest_snapshot(folder: Path, run_name: str, partition: int) -> tuple[int, list[str]]:

@@ -46,6 +46,7 @@ class Compose:
         folder.mkdir(parents=True, exist_ok=True)
         self.file = folder / "docker-compose.yml"
         self.file.write_text(self.compose_gen.compose(nodes))
+        self.files = [self.file]
         self.credentials = credentials.make_credentials(
             folder / "credentials", ips=[], nodes=nodes, uid=self.compose_gen.UID
         )
@@ -68,7 +69,14 @@ class Compose:
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``docker-compose -p PROJECT -f FILE ARGS``."""
         return subprocess.run(
-            ["docker-compose", "--no-ansi", "-p", self.project, "-f", str(self.file), *args],
+            [
+                "docker-compose",
+                "--no-ansi",
+                "-p",
+                self.project,
+                *(x for f in self.files for x in ("-f", str(f))),
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -97,6 +105,30 @@ class Compose:
         if result.returncode != 0:
             raise RuntimeError(f"compose up failed:\n{result.stdout}\n{result.stderr}")
         self.wait_healthy([f"supernode-{i}" for i in range(self.nodes)], timeout)
+
+    def use_images(
+        self, images: dict[int, str], *, memory: str | None = None, timeout: float = 300
+    ) -> None:
+        """Recreate SuperNodes on other images, by index (the mixed federation's arm64
+        node), keeping their credentials and state volumes, with another memory limit
+        where ``memory`` says; ``{}`` goes back to the generated file. The images'
+        platform may differ from this machine's."""
+        limits = f"    mem_limit: {memory}\n    memswap_limit: {memory}\n" if memory else ""
+        override = self.file.with_name("docker-compose.images.yml")
+        override.write_text(
+            'version: "2.4"\nservices:\n'
+            + "".join(
+                f"  supernode-{i}:\n    image: {image}\n{limits}" for i, image in images.items()
+            )
+        )
+        changed = [f"supernode-{i}" for i in images] or [
+            f"supernode-{i}" for i in range(self.nodes)
+        ]
+        self.files = [self.file, override] if images else [self.file]
+        result = self.compose("up", "-d", "--no-deps", *changed, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"compose up failed:\n{result.stdout}\n{result.stderr}")
+        self.wait_healthy(changed, timeout)
 
     def wait_healthy(self, services: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout

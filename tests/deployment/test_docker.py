@@ -425,3 +425,79 @@ def test_down_then_up_again_registration_is_idempotent(deployment: Compose) -> N
     records = read_rounds(deployment.results / "again")
     assert records[0].replies == NODES
     record_figure("down_up_seconds_to_healthy_and_one_round", round(time.monotonic() - started, 1))
+
+
+ARM64_IMAGE = "fedpers-device:1.42-arm64"
+# qemu-user adds its own memory to every emulated process (its translated code, its
+# copy of the guest's mappings): under the 1 GiB of a device the kernel killed the
+# zygote and ClientApps (seen here: a round of 96-100 s and a ClientApp that "stopped
+# responding"), so the emulated node gets 2 GiB. A native arm64 device runs the same
+# processes as the amd64 ones, whose peaks the first test measures.
+ARM64_EMULATED_MEMORY = "2g"
+# The arm64 image's torch (2.10, OpenBLAS and the Arm Compute Library) is not the amd64
+# image's (2.13, MKL and oneDNN): float32 sums in another order differ in their last
+# bits (2**-23 = 1.2e-7 relative each), and 3 rounds of training carried that to 5.7e-7
+# relative in the losses here, accuracy equal. 1e-4 is far above that and far below
+# what a wrong update does to a loss (percents). Both images pin their torch, so a run
+# repeats its own figures: a pass is not luck of the draw.
+ARM64_RTOL = 1e-4
+
+
+def test_mixed_federation_with_an_emulated_arm64_node(deployment: Compose, tmp_path: Path) -> None:
+    """One arm64 SuperNode (qemu-user under binfmt_misc) and two amd64 ones train the
+    digits FedRep through the proxy, with the metrics of the simulation within
+    ARM64_RTOL. Node 2 is recreated on the arm64 image with its own credentials and
+    state volume, then put back."""
+    if docker("image", "inspect", ARM64_IMAGE).returncode != 0:
+        pytest.skip(f"no {ARM64_IMAGE} (make deploy-test builds it under emulation)")
+    values = {**RUN, "num-rounds": 3, "run-name": "mixed", "round-timeout": 300.0}
+    twin: dict[str, Path] = {}
+    thread = threading.Thread(
+        target=lambda: twin.setdefault(
+            "dir", _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")
+        )
+    )
+    thread.start()
+    deployment.use_images({2: ARM64_IMAGE}, memory=ARM64_EMULATED_MEMORY)
+    memory = DeviceMemory(
+        deployment, ["supernode-2"], deployment.results / "mixed" / "rounds.jsonl"
+    )
+    try:
+        machines = [
+            docker("exec", deployment.container(f"supernode-{i}"), "uname", "-m").stdout.strip()
+            for i in range(NODES)
+        ]
+        assert machines == ["x86_64", "x86_64", "aarch64"], machines
+        with memory:
+            result = deployment.run(values, timeout=1200)
+        oom_killed = deployment.inspect("supernode-2")["State"]["OOMKilled"]
+    finally:
+        node_log = docker("logs", deployment.container("supernode-2"))
+        (tmp_path / "arm64-supernode.log").write_text(node_log.stdout + node_log.stderr)
+        deployment.use_images({})
+    thread.join(timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    mixed = read_rounds(deployment.results / "mixed")
+    simulated = read_rounds(twin["dir"])
+    deviation = {
+        f"{section}/{key}": max(
+            abs(getattr(m, section)[key] - getattr(s, section)[key])
+            / max(abs(getattr(s, section)[key]), 1e-12)
+            for m, s in zip(mixed, simulated, strict=True)
+        )
+        for section in ("train", "evaluate")
+        for key in getattr(simulated[0], section)
+    }
+    record_figure("arm64_round_seconds", float(np.mean([r.seconds for r in mixed[1:]])))
+    record_figure(
+        "arm64",
+        {
+            "round_seconds": [r.seconds for r in mixed],
+            "train_seconds": [r.train_seconds for r in mixed],
+            "evaluate_seconds": [r.evaluate_seconds for r in mixed],
+            "largest_relative_deviation": deviation,
+            "emulated_node_peak_memory_mb": memory.summary(),
+        },
+    )
+    assert not oom_killed
+    same_rounds(mixed, simulated, nodes=NODES, rtol=ARM64_RTOL)

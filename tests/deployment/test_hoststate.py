@@ -62,6 +62,8 @@ def _state(namespace: str, action: str, folder: Path) -> subprocess.CompletedPro
 
 @pytest.mark.parametrize("machine", ["fresh", "with-rules"])
 def test_restore_leaves_the_host_as_found(namespace: str, machine: str, tmp_path: Path) -> None:
+    # a new namespace may inherit forwarding from the host (on where a dockerd runs)
+    assert _in(namespace, "sysctl -qw net.ipv4.ip_forward=0").returncode == 0
     for command in OWN_RULES if machine == "with-rules" else []:
         assert _in(namespace, command).returncode == 0
     found = _in(namespace, "iptables-save").stdout
@@ -97,3 +99,46 @@ def test_restore_needs_a_saved_state(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "hoststate.json is missing" in done.stderr
     assert "save" in done.stderr
+
+
+# An extension handler no file here has: harmless while it lives (binfmt handlers are the
+# kernel's, not a namespace's), and the case's own restore removes it.
+HANDLER = ":fedpers-hoststate-test:E::fedpershoststatetest::/bin/false:"
+
+
+@pytest.mark.parametrize("mounted", [False, True], ids=["unmounted", "mounted"])
+def test_restore_removes_binfmt_handlers_and_the_mount(mounted: bool, tmp_path: Path) -> None:
+    """What emulated images need (docker/emulation.sh: binfmt_misc mounted, a handler
+    registered) is undone: the handler goes, and the mount where there was none. In a
+    private mount namespace, so that the host's own binfmt_misc mount is not touched."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (make test runs it as root)")
+    if "binfmt_misc" not in Path("/proc/filesystems").read_text():
+        pytest.skip("this kernel has no binfmt_misc")
+    binfmt, state = "/proc/sys/fs/binfmt_misc", f"{sys.executable} {SCRIPT}"
+    script = f"""
+        mountpoint -q {binfmt} || mount -t binfmt_misc binfmt_misc {binfmt}
+        echo -1 > {binfmt}/fedpers-hoststate-test 2>/dev/null  # left by a killed run
+        umount {binfmt} 2>/dev/null || true
+        {f"mount -t binfmt_misc binfmt_misc {binfmt}" if mounted else ""}
+        {state} save {tmp_path} || exit 11
+        mountpoint -q {binfmt} || mount -t binfmt_misc binfmt_misc {binfmt}
+        echo '{HANDLER}' > {binfmt}/register || exit 12
+        {state} compare {tmp_path} 2> {tmp_path}/changed && exit 13
+        {state} restore {tmp_path} || exit 14
+        {state} compare {tmp_path} || exit 15
+        mountpoint -q {binfmt} && echo mounted-after
+        mountpoint -q {binfmt} || mount -t binfmt_misc binfmt_misc {binfmt}
+        test -e {binfmt}/fedpers-hoststate-test && echo -1 > {binfmt}/fedpers-hoststate-test \
+            && exit 16
+        exit 0
+    """
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    changed = (tmp_path / "changed").read_text()
+    assert "binfmt" in changed
+    assert "fedpers-hoststate-test" in changed
+    assert ("mounted-after" in done.stdout) == mounted
