@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # make deploy-test: the deployment for real, on a fresh Debian machine (as root).
 # Installs what it needs (docker.io, docker-compose, mmdebstrap, iptables, ethtool,
-# qemu-user-static), saves the host's state (docker/hoststate.py), runs the bad-network
-# test in network namespaces (tests/deployment/test_network.py), starts a Docker daemon if
-# none answers, builds the base image from Debian's packages where Docker Hub is out of
-# reach, fills the wheelhouses on the host, builds the server image and both device
-# images (amd64 with torch's CPU build; arm64 under emulation, from an arm64 base made
-# with mmdebstrap), runs tests/deployment/test_docker.py (its mixed federation runs one
-# device on the arm64 image), stops the daemon it started, puts the host back as found
-# (the emulation's binfmt handler too) and checks that it is, and writes
+# qemu-user-static, binutils for both architectures), saves the host's state
+# (docker/hoststate.py), runs the bad-network test in network namespaces
+# (tests/deployment/test_network.py), starts a Docker daemon if none answers, builds the
+# base image from Debian's packages where Docker Hub is out of reach, fills the
+# wheelhouses on the host, builds the server image and both device images (amd64 with
+# torch's CPU build; arm64 under emulation, from an arm64 base made with mmdebstrap),
+# runs tests/deployment/test_docker.py (its mixed federation runs one device on the arm64
+# image), stops the daemon it started, puts the host back as found (the emulation's
+# binfmt handler too) and checks that it is, and writes
 # results/deploy-test/summary.json. An amd64 host is assumed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +86,8 @@ command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v ethtool >/dev/null || missing+=(ethtool)  # the user-space link shaper
 [[ -f /usr/lib/binfmt.d/qemu-aarch64.conf ]] || missing+=(qemu-user-static)  # arm64
+command -v strip >/dev/null || missing+=(binutils)  # the wheelhouse strips libraries
+command -v aarch64-linux-gnu-strip >/dev/null || missing+=(binutils-aarch64-linux-gnu)
 if (( ${#missing[@]} )); then
     echo "installing ${missing[*]} from Debian's packages"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -4,10 +4,16 @@ script reads them itself), and whether a torch wheel is a CUDA build."""
 
 from __future__ import annotations
 
+import base64
+import ctypes
+import hashlib
+import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.deployment.cluster import load_script
 
@@ -93,3 +99,58 @@ def test_the_arm64_tags_are_those_of_bookworms_python() -> None:
 def test_arm64_is_the_cpu_device_image_only(role: str, torch: str) -> None:
     with pytest.raises(SystemExit, match="arm64 fills the device wheelhouse"):
         wheelhouse.fill(role, torch, "arm64")
+
+
+def _record_is_true(wheel: Path) -> None:
+    """Every RECORD line with a hash names a member of that sha256 and size."""
+    with zipfile.ZipFile(wheel) as archive:
+        record = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+        for line in archive.read(record).decode().splitlines():
+            name, digest, size = line.rsplit(",", 2)
+            if digest:
+                data = archive.read(name)
+                expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                assert digest == f"sha256={expected.decode()}", name
+                assert int(size) == len(data), name
+
+
+def _dynamic_symbols(library: bytes, folder: Path) -> str:
+    path = folder / "symbols.so"
+    path.write_bytes(library)
+    listed = subprocess.run(
+        ["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True
+    )
+    return listed.stdout
+
+
+def test_strip_wheel_keeps_what_the_loader_needs(tmp_path: Path) -> None:
+    """A real unstripped library (torch's libc10.so, from this venv) in a wheel: smaller
+    after, the same dynamic symbols, loadable, RECORD true; the rest unchanged; a second
+    pass changes no byte."""
+    strip = shutil.which("strip")
+    if strip is None or shutil.which("nm") is None:
+        pytest.skip("binutils is not installed")
+    library = Path(torch.__file__).parent / "lib" / "libc10.so"
+    original = library.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(original).digest()).rstrip(b"=")
+    record = f"fake/lib/libc10.so,sha256={digest.decode()},{len(original)}\nfake/a.py,,\n"
+    wheel = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("fake/lib/libc10.so", original)
+        archive.writestr("fake/a.py", "x = 1\n")
+        archive.writestr("fake-1.0.dist-info/RECORD", record + "fake-1.0.dist-info/RECORD,,\n")
+    _record_is_true(wheel)
+    saved = wheelhouse.strip_wheel(wheel, strip)
+    with zipfile.ZipFile(wheel) as archive:
+        stripped = archive.read("fake/lib/libc10.so")
+        assert archive.read("fake/a.py") == b"x = 1\n"
+    assert saved == len(original) - len(stripped) > 0
+    assert _dynamic_symbols(stripped, tmp_path) == _dynamic_symbols(original, tmp_path)
+    _record_is_true(wheel)
+    loaded = tmp_path / "load" / "libc10.so"
+    loaded.parent.mkdir()
+    loaded.write_bytes(stripped)
+    ctypes.CDLL(str(loaded))  # the dynamic loader takes it
+    before = wheel.read_bytes()
+    assert wheelhouse.strip_wheel(wheel, strip) == 0
+    assert wheel.read_bytes() == before
