@@ -21,6 +21,7 @@ kernel has no netem, which make deploy-test installs) and records its figures.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 import warnings
 from collections.abc import Iterator
@@ -63,7 +64,10 @@ def shaped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, 
     if os.geteuid() != 0:
         pytest.skip("network namespaces and link shaping need root (make deploy-test)")
     work = tmp_path_factory.mktemp("network")
-    deployment = Cluster(work, nodes=NODES, extra_keys=0, supernode_program=("fedpers-supernode",))
+    # FEDPERS_SUPERNODE=flower-supernode runs Flower's SuperNode as it ships (its waits
+    # and a cold ClientApp process per message) instead of fedpers-supernode
+    program = tuple(shlex.split(os.environ.get("FEDPERS_SUPERNODE") or "fedpers-supernode"))
+    deployment = Cluster(work, nodes=NODES, extra_keys=0, supernode_program=program)
     shaper = None
     try:
         if not deployment.hosts.isolated:
@@ -141,6 +145,7 @@ def test_a_run_over_impaired_links_survives_a_cut_link(
                 f"{LINK.loss:.0%}, {LINK.rate_bps / 1e6:g} Mbit/s, each direction"
             ),
             "mechanism": shaper.mechanism(),
+            "supernode": " ".join(cluster.supernode_program),
             "round": float(np.mean([r.seconds for r in steady])),
             "train": float(np.mean([r.train_seconds for r in steady])),
             "evaluate": float(np.mean([r.evaluate_seconds for r in steady])),
