@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +185,35 @@ class Compose:
     def close(self) -> None:
         """Remove the project's containers, networks and volumes."""
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5")
+
+
+# docker logs -t of a SuperNode: the steps of each message it handles
+LOG_LINE = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)\d*Z .*?"
+    r"(?:Receiving: (?P<kind>train|evaluate) message|(?P<start>Start `flwr-clientapp`)"
+    r"|(?P<sent>Sent successfully))"
+)
+
+
+def exchange_steps(log: str) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each train and evaluate message on a device, from its SuperNode's
+    timestamped log: ``launch`` from the message's receipt to its ClientApp's launch (the
+    SuperExec's poll for tasks), ``clientapp`` from the launch to the reply sent (the
+    ClientApp's start, its pull of the message, the computation and the reply's push)."""
+    steps: dict[str, dict[str, list[float]]] = {}
+    kind, marks = None, {}
+    for line in log.splitlines():
+        found = LOG_LINE.match(line)
+        if found is None:
+            continue
+        at = datetime.fromisoformat(found["at"][:26]).timestamp()
+        if found["kind"]:
+            kind, marks = found["kind"], {"received": at}
+        elif kind and found["start"] and "received" in marks:
+            marks["start"] = at
+        elif kind and found["sent"] and "start" in marks:
+            step = steps.setdefault(kind, {"launch": [], "clientapp": []})
+            step["launch"].append(marks["start"] - marks["received"])
+            step["clientapp"].append(at - marks["start"])
+            kind, marks = None, {}
+    return steps

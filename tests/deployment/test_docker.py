@@ -25,7 +25,7 @@ import pytest
 from fedpers.reports import read_rounds
 from fedpers.simulations.launch import LocalSimulation
 from tests.deployment.cluster import record_figure, same_rounds, wait_for
-from tests.deployment.compose import Compose, docker
+from tests.deployment.compose import Compose, docker, exchange_steps
 
 pytestmark = pytest.mark.docker
 
@@ -227,6 +227,15 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
     same_rounds(deployed, read_rounds(twin["dir"]))
     steady = deployed[1:]
     record_figure("round_seconds", float(np.mean([r.seconds for r in steady])))
+    # where an exchange's time goes on the devices (the rest: the SuperNodes' polls, the
+    # SuperLink, the ServerApp's pulls), the median over the devices' messages
+    on_devices: dict[str, dict[str, list[float]]] = {}
+    for device in devices:
+        log = docker("logs", "-t", deployment.container(device))
+        for kind, step in exchange_steps(log.stdout + log.stderr).items():
+            for name, seconds in step.items():
+                on_devices.setdefault(kind, {}).setdefault(name, []).extend(seconds)
+    assert set(on_devices) == {"train", "evaluate"}, on_devices
     record_figure(
         "round_split",
         {
@@ -235,6 +244,11 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
             "train": float(np.mean([r.train_seconds for r in steady])),
             "evaluate": float(np.mean([r.evaluate_seconds for r in steady])),
             "first_round": deployed[0].seconds,
+            "on_devices_median": {
+                kind: {name: float(np.median(v)) for name, v in step.items()}
+                for kind, step in on_devices.items()
+            },
+            "on_devices_messages": {kind: len(s["launch"]) for kind, s in on_devices.items()},
         },
     )
     # Each device within its Raspberry Pi class budget (1 GiB, one CPU) every round.
