@@ -206,25 +206,39 @@ class DeviceMemory:
         }
 
 
+def cpu_seconds(deployment: Compose, services: list[str]) -> dict[str, float]:
+    """Processor seconds each container has used so far (its cpuacct cgroup, v1; v2's
+    cpu.stat usage_usec), all its processes together."""
+    used = {}
+    for service in services:
+        container = deployment.inspect(service)["Id"]
+        v1 = sorted(Path("/sys/fs/cgroup").glob(f"cpuacct/**/*{container}*/cpuacct.usage"))
+        v2 = sorted(Path("/sys/fs/cgroup").glob(f"**/*{container}*/cpu.stat"))
+        if v1:
+            used[service] = int(v1[0].read_text()) / 1e9
+        elif v2:
+            stat = dict(line.split() for line in v2[0].read_text().splitlines())
+            used[service] = int(stat["usage_usec"]) / 1e6
+    return used
+
+
 def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path) -> None:
     values = {**RUN, "num-rounds": 3, "run-name": "deployed"}
-    twin: dict[str, Path] = {}
-    thread = threading.Thread(
-        target=lambda: twin.setdefault(
-            "dir", _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")
-        )
-    )
-    thread.start()
+    # The simulated twin first, not beside the deployed run: its processes would share
+    # the host's cores with the timed rounds.
+    twin = _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")
     devices = [f"supernode-{i}" for i in range(NODES)]
     memory = DeviceMemory(deployment, devices, deployment.results / "deployed" / "rounds.jsonl")
+    services = ["superlink", "fleet", *devices]
+    before, started = cpu_seconds(deployment, services), time.monotonic()
     with memory:
         result = deployment.run(values)
-    thread.join(timeout=300)
+    after, run_seconds = cpu_seconds(deployment, services), time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     deployed = read_rounds(deployment.results / "deployed")
     assert [r.round for r in deployed] == [1, 2, 3]
     assert all(r.replies == NODES and r.failures == 0 for r in deployed)
-    same_rounds(deployed, read_rounds(twin["dir"]))
+    same_rounds(deployed, read_rounds(twin))
     steady = deployed[1:]
     record_figure("round_seconds", float(np.mean([r.seconds for r in steady])))
     # where an exchange's time goes on the devices (the rest: the SuperNodes' polls, the
@@ -249,6 +263,11 @@ def test_deployed_fedrep_matches_simulation(deployment: Compose, tmp_path: Path)
                 for kind, step in on_devices.items()
             },
             "on_devices_messages": {kind: len(s["launch"]) for kind, s in on_devices.items()},
+            # processor seconds of the whole run (3 rounds, the ServerApp in the
+            # SuperLink's container), and the host's cores they shared
+            "cpu_seconds_of_the_run": {s: round(after[s] - before[s], 2) for s in after},
+            "run_seconds": round(run_seconds, 1),
+            "host_cores": os.cpu_count(),
         },
     )
     # Each device within its Raspberry Pi class budget (1 GiB, one CPU) every round.
@@ -465,13 +484,7 @@ def test_mixed_federation_with_an_emulated_arm64_node(deployment: Compose, tmp_p
     if docker("image", "inspect", ARM64_IMAGE).returncode != 0:
         pytest.skip(f"no {ARM64_IMAGE} (make deploy-test builds it under emulation)")
     values = {**RUN, "num-rounds": 3, "run-name": "mixed", "round-timeout": 300.0}
-    twin: dict[str, Path] = {}
-    thread = threading.Thread(
-        target=lambda: twin.setdefault(
-            "dir", _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")
-        )
-    )
-    thread.start()
+    twin = _simulate({**values, "run-name": "simulated"}, tmp_path / "sim")  # first: see above
     deployment.use_images({2: ARM64_IMAGE}, memory=ARM64_EMULATED_MEMORY)
     memory = DeviceMemory(
         deployment, ["supernode-2"], deployment.results / "mixed" / "rounds.jsonl"
@@ -489,10 +502,9 @@ def test_mixed_federation_with_an_emulated_arm64_node(deployment: Compose, tmp_p
         node_log = docker("logs", deployment.container("supernode-2"))
         (tmp_path / "arm64-supernode.log").write_text(node_log.stdout + node_log.stderr)
         deployment.use_images({})
-    thread.join(timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     mixed = read_rounds(deployment.results / "mixed")
-    simulated = read_rounds(twin["dir"])
+    simulated = read_rounds(twin)
     deviation = {
         f"{section}/{key}": max(
             abs(getattr(m, section)[key] - getattr(s, section)[key])
