@@ -143,6 +143,16 @@ print(json.dumps(out))
     assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
+def cgroup_file(container: str, v1: str, v2: str) -> Path:
+    """A file of a container's cgroup: cgroup v1's ``v1`` pattern (``{}`` for the
+    container's folder), else the v2 file named ``v2``."""
+    for pattern in (v1.format(f"*{container}*"), f"**/*{container}*/{v2}"):
+        found = sorted(Path("/sys/fs/cgroup").glob(pattern))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"no {v1.split('/')[0]} cgroup of container {container[:12]}")
+
+
 class DeviceMemory:
     """The peak memory of each device container (SuperNode, launcher and ClientApps
     together: what its limit counts), per round.
@@ -162,12 +172,7 @@ class DeviceMemory:
 
     @staticmethod
     def _peak_file(container: str) -> Path:
-        for pattern in (f"memory/**/*{container}*/memory.max_usage_in_bytes",
-                        f"**/*{container}*/memory.peak"):  # fmt: skip
-            found = sorted(Path("/sys/fs/cgroup").glob(pattern))
-            if found:
-                return found[0]
-        raise FileNotFoundError(f"no memory cgroup of container {container[:12]}")
+        return cgroup_file(container, "memory/**/{}/memory.max_usage_in_bytes", "memory.peak")
 
     def _read_and_reset(self) -> None:
         for service, path in self.files.items():
@@ -211,13 +216,16 @@ def cpu_seconds(deployment: Compose, services: list[str]) -> dict[str, float]:
     cpu.stat usage_usec), all its processes together."""
     used = {}
     for service in services:
-        container = deployment.inspect(service)["Id"]
-        v1 = sorted(Path("/sys/fs/cgroup").glob(f"cpuacct/**/*{container}*/cpuacct.usage"))
-        v2 = sorted(Path("/sys/fs/cgroup").glob(f"**/*{container}*/cpu.stat"))
-        if v1:
-            used[service] = int(v1[0].read_text()) / 1e9
-        elif v2:
-            stat = dict(line.split() for line in v2[0].read_text().splitlines())
+        try:
+            path = cgroup_file(
+                deployment.inspect(service)["Id"], "cpuacct/**/{}/cpuacct.usage", "cpu.stat"
+            )
+        except FileNotFoundError:
+            continue  # no figure for it, as before
+        if path.name == "cpuacct.usage":
+            used[service] = int(path.read_text()) / 1e9
+        else:
+            stat = dict(line.split() for line in path.read_text().splitlines())
             used[service] = int(stat["usage_usec"]) / 1e6
     return used
 
