@@ -3,7 +3,7 @@
     python -m simulations.privacy --out DIR [--num-clients 1000] [--num-rounds 100]
         [--fraction-train 0.1] [--epsilons 1,2,4,8,inf] [--seeds 3]
         [--methods fedrep,fedavg,lg-fedavg,ditto,local] [--dp-clip C] [--dp-server-lr LR]
-        [--run-config "key=value ..."] [--quick]
+        [--run-config "key=value ..."] [--in-process] [--parallel N] [--quick]
 
 Every (method, epsilon, seed) is one ``flwr run`` on MNIST-1D, 2 classes a client. A
 finite epsilon runs ``dp = "central"`` (``fedpers.privacy``): each sampled client's
@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epsilons", default=EPSILONS, help="default: %(default)s")
     parser.add_argument(
         "--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}"
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every run in process, without Flower's SuperLink and Ray: the ServerApp "
+        "on an in-process grid of the real ClientApps, the numbers flwr run gives (to "
+        "1e-9) without its start-up (--parallel processes at a time)",
     )
     args = parser.parse_args(argv)
     epsilons = parse_epsilons(args.epsilons)

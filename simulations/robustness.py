@@ -42,10 +42,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import multiprocessing
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,9 +55,8 @@ from fedpers.aggregation import Aggregation
 from fedpers.reports import read_rounds, read_summary
 from fedpers.results import final_mean, write_json
 from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
-from fedpers.simulations.inprocess import run_in_process
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
-from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.runs import prepare_output, run_in_process_pool, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table
 
@@ -346,7 +344,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = prepare_output(args.out, overwrite=args.overwrite)
     sweep = _reply_sweep(sweep_replies, seeds[0])
     if args.in_process:  # the fuzz cases through Flower, the attack table in process
-        done = [*_run_all(args, list(fuzz.values())), *_run_in_process(args, attacks)]
+        done = [
+            *_run_all(args, list(fuzz.values())),
+            *run_in_process_pool(attacks, parallelism(args), keep_going=True),
+        ]
     else:
         done = _run_all(args, [*fuzz.values(), *attacks])
     fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
@@ -410,33 +411,6 @@ def _run_all(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path 
         with ThreadPoolExecutor(max_workers=parallelism(args)) as pool:
             # every run submitted at once, so that no worker waits between the two parts
             return list(pool.map(attempt, runs))
-
-
-def _run_in_process(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path | None]:
-    """``runs`` in process (``--in-process``), each in a fresh process of a pool of
-    ``--parallel``: the ServerApp on an in-process grid of the real ClientApps, with the
-    numbers ``flwr run`` gives (``fedpers.simulations.inprocess``), without the
-    SuperLink, Ray and their start-up."""
-    if not runs:
-        return []
-    context = multiprocessing.get_context("spawn")  # nothing of one run leaks into another
-    with ProcessPoolExecutor(parallelism(args), mp_context=context, max_tasks_per_child=1) as pool:
-        futures = [pool.submit(run_in_process, overrides) for overrides in runs]
-        return [
-            _finished(future, overrides) for future, overrides in zip(futures, runs, strict=True)
-        ]
-
-
-def _finished(future: Future[Path], overrides: dict[str, Any]) -> Path | None:
-    """A pooled run's directory, or None where it did not finish, failed or its process
-    died (said on stdout, as ``_run_all`` says it), so the table keeps the rest."""
-    try:
-        return future.result()
-    except FlowerRunError as error:
-        print(f"run '{overrides['run-name']}' did not finish: {error}", flush=True)
-    except Exception as error:  # a crashed worker (BrokenProcessPool) or a bug in one run
-        print(f"run '{overrides['run-name']}' did not finish: {error!r}", flush=True)
-    return None
 
 
 def _parser() -> argparse.ArgumentParser:

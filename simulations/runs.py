@@ -4,8 +4,10 @@ directory prepared, and every method run with every seed."""
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -141,5 +143,44 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
     validate_runs(runs)
     kwargs = resources(args)
     prepare_output(args.out, overwrite=args.overwrite)
+    if getattr(args, "in_process", False):
+        return [
+            path for path in run_in_process_pool(runs, parallelism(args), keep_going=False) if path
+        ]
     with LocalSimulation() as simulation:
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+
+
+def run_in_process_pool(
+    runs: Sequence[Mapping[str, Any]], parallel: int, *, keep_going: bool
+) -> list[Path | None]:
+    """``runs`` in process (a script's ``--in-process``), each in a fresh process of a
+    pool of ``parallel``: the ServerApp on an in-process grid of the real ClientApps,
+    the numbers ``flwr run`` gives to 1e-9 (``fedpers.simulations.inprocess``; the tests
+    check it on each script's first run) without the SuperLink, Ray and their start-up.
+
+    A run that did not finish (a failed run, a crashed worker) gives None where
+    ``keep_going`` (said on stdout, so a table keeps the rest), else raises
+    ``FlowerRunError`` and the runs not yet started are cancelled."""
+    from fedpers.simulations.inprocess import run_in_process
+    from fedpers.simulations.launch import FlowerRunError
+
+    if not runs:
+        return []
+    context = multiprocessing.get_context("spawn")  # nothing of one run leaks into another
+    with ProcessPoolExecutor(parallel, mp_context=context, max_tasks_per_child=1) as pool:
+        futures: list[Future[Path]] = [pool.submit(run_in_process, dict(r)) for r in runs]
+        done: list[Path | None] = []
+        for future, overrides in zip(futures, runs, strict=True):
+            try:
+                done.append(future.result())
+            except Exception as error:  # FlowerRunError, BrokenProcessPool, a bug in one run
+                reason = str(error) if isinstance(error, FlowerRunError) else repr(error)
+                if not keep_going:
+                    pool.shutdown(cancel_futures=True)
+                    raise FlowerRunError(
+                        f"run '{overrides['run-name']}' did not finish: {reason}"
+                    ) from error
+                print(f"run '{overrides['run-name']}' did not finish: {reason}", flush=True)
+                done.append(None)
+        return done

@@ -90,3 +90,33 @@ def test_bad_epsilons_are_refused_before_any_run(tmp_path: Path) -> None:
         with pytest.raises(SystemExit, match=words):
             privacy.main(["--out", str(tmp_path / "p"), "--epsilons", text])
     assert not (tmp_path / "p").exists()
+
+
+def test_in_process_flag_runs_the_grid_without_flower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedpers.simulations import launch, runs
+    from fedpers.simulations.inprocess import InProcessSimulation
+
+    def no_superlink(**_: object) -> None:
+        raise AssertionError("--in-process started a SuperLink")
+
+    monkeypatch.setattr(launch, "LocalSimulation", no_superlink)
+    # Execute: the non-private grid (only those runs repeat: DP noise is secret)
+    out = tmp_path / "privacy"
+    summary = privacy.main(
+        ["--out", str(out), "--quick", "--seeds", "1", "--methods", "fedrep,local",
+         "--epsilons", "inf", "--in-process", "--parallel", "2"]
+    )  # fmt: skip
+    # Oracle: the same configuration run in this process by InProcessSimulation
+    config = json.loads((out / "runs" / "fedrep-epsinf-seed0" / "config.json").read_text())
+    again = InProcessSimulation().run(
+        {**config, "results-dir": str(tmp_path / "again"), "run-name": "fedrep"}
+    )
+    expected = read_summary(again)["final_accuracy"]
+    assert summary["per_seed"]["fedrep"]["inf"] == [pytest.approx(expected, rel=1e-12)]
+    # a run that fails ends the grid with its name, and the rest are cancelled
+    failing = [{**config, "results-dir": str(tmp_path / "f"), "run-name": "bad", "num-rounds": 0}]
+    with pytest.raises(launch.FlowerRunError, match="'bad' did not finish"):
+        runs.run_in_process_pool(failing, 1, keep_going=False)
+    assert runs.run_in_process_pool(failing, 1, keep_going=True) == [None]
