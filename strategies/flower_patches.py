@@ -35,8 +35,10 @@ once per (path, modification time, size, overrides) and returns a copy.
 The ServerApp module calls ``install()`` when it is imported into a process that has
 imported Flower's in-memory LinkState: a simulation's process, which holds the
 LinkState. In a deployment the LinkState lives in the SuperLink process, which never
-imports fedpers; the ServerApp's own process has none to index, and does not import
-this module (0.5 s of imports for nothing).
+imports fedpers; Flower 1.42's ``flwr-serverapp`` imports the in-memory LinkState
+module as well, so the changes are installed there too, and stay idle (that process
+holds no LinkState). Whether a run is a simulation is decided by its grid
+(``server_app.simulated``), not by this import.
 """
 
 from __future__ import annotations

@@ -47,16 +47,28 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 app = ServerApp()
-# A simulation: this process also holds Flower's LinkState, and every virtual node has
-# registered before the ServerApp starts.
+# A process that has imported Flower's in-memory LinkState may hold a simulation's
+# LinkState: index it by node so the dispatcher's sweeps cost nodes + messages, not
+# nodes x messages. Flower 1.42's deployed flwr-serverapp imports that module too (and
+# holds no LinkState: the patch is idle there), so whether a *run* is a simulation is
+# decided by its grid (``simulated``), not by this.
 SIMULATION = "flwr.server.superlink.linkstate.in_memory_linkstate" in sys.modules
 SETTLED_SECONDS = 5.0  # a simulation's node count unchanged this long is final
 if SIMULATION:
-    # Index the LinkState by node so the dispatcher's sweeps cost nodes + messages, not
-    # nodes x messages.
     from fedpers.strategies import flower_patches
 
     flower_patches.install()
+
+
+def simulated(grid: Grid) -> bool:
+    """Is the run on ``grid`` a simulation? Anything but Flower's deployed grid (its
+    ``HttpGrid``, to a SuperLink) is: Flower's in-memory grid, whose virtual nodes all
+    registered before the ServerApp started and whose messages carry their objects, and
+    fedpers' in-process grid."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    return not isinstance(grid, HttpGrid)
+
 
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
@@ -94,7 +106,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy.run_token = recorder.token
     # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
     # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
-    waits = contextlib.nullcontext() if SIMULATION else flower_waits.object_backoff()
+    waits = contextlib.nullcontext() if simulated(grid) else flower_waits.object_backoff()
     try:
         with waits:
             result, final = _run(grid, config, strategy, recorder, checkpoint, started)
@@ -143,7 +155,7 @@ def _run(
     strategy.federation.connect(
         grid,
         timeout=config.node_wait_timeout,
-        settled=SETTLED_SECONDS if SIMULATION else None,
+        settled=SETTLED_SECONDS if simulated(grid) else None,
     )
     started["partitions_known"] = time.time()
     if checkpoint is not None:

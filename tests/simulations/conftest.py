@@ -35,7 +35,6 @@ from fedpers.simulations import launch
 from fedpers.simulations.inprocess import InProcessSimulation
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayHead
-from fedpers.strategies import server_app
 
 
 @pytest.fixture(scope="session")
@@ -134,8 +133,9 @@ def simulations_in_process(
     kind: Callable[..., InProcessSimulation] = InProcessSimulation,
 ) -> Iterator[list[InProcessSimulation]]:
     """While open, every ``LocalSimulation`` that a script makes is what ``kind`` makes
-    (with the same arguments), and the ServerApp runs as in a simulation's process
-    (``server_app.SIMULATION``); yields the simulations made, in order."""
+    (with the same arguments); yields the simulations made, in order. (The ServerApp
+    runs as in a simulation: its grid is not Flower's deployed one,
+    ``server_app.simulated``.)"""
     made: list[InProcessSimulation] = []
 
     def make(**kwargs: Any) -> InProcessSimulation:
@@ -146,7 +146,6 @@ def simulations_in_process(
         for name, module in list(sys.modules.items()):
             if name.startswith("fedpers.simulations") and hasattr(module, "LocalSimulation"):
                 patch.setattr(module, "LocalSimulation", make)
-        patch.setattr(server_app, "SIMULATION", True)
         yield made
 
 

@@ -87,3 +87,32 @@ def test_without_a_timeout_flower_s_ttl_stays() -> None:
     assert message.metadata.ttl == flower_ttl
     federation.expire_with_the_round([message], 1e9)  # never longer than Flower's
     assert message.metadata.ttl == flower_ttl
+
+
+def test_a_run_is_a_simulation_by_its_grid_not_by_what_the_process_imported() -> None:
+    """Flower 1.42's deployed ``flwr-serverapp`` imports the in-memory LinkState module
+    too (checked in a fresh interpreter), so that import cannot tell the ServerApp it is
+    deployed: before 2026-12-05 a deployed run therefore kept Flower's 1 s object backoff
+    and a simulation's 5 s "settled" node count. The grid tells: Flower's ``HttpGrid``
+    is a deployment, anything else (its in-memory grid, fedpers' in-process grid) a
+    simulation."""
+    import subprocess
+    import sys
+
+    from flwr.superlink.grid.http_grid import HttpGrid
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from fedpers.simulations.inprocess import InProcessGrid
+    from fedpers.strategies import server_app
+
+    check = (
+        "import sys; from flwr.superlink.cli import flwr_serverapp; "
+        "print('flwr.server.superlink.linkstate.in_memory_linkstate' in sys.modules)"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert imported == "True"  # why the import is no evidence
+    assert not server_app.simulated(HttpGrid.__new__(HttpGrid))
+    assert server_app.simulated(InMemoryGrid.__new__(InMemoryGrid))
+    assert server_app.simulated(InProcessGrid.__new__(InProcessGrid))
