@@ -48,6 +48,7 @@ from fedpers.flower_waits import (
     FLOWER_OBJECT_BACKOFF_CAP,
     OBJECT_BACKOFF,
     OBJECT_BACKOFF_CAP,
+    set_object_backoff,
 )
 
 # Flower's values, as read from the installed 1.42 source (checked in `_check_source`).
@@ -211,9 +212,9 @@ def install(poll: float, reply_poll: float, backoff: float, backoff_cap: float) 
 
     _check_source(loop, inflatable_utils.pull_objects)
     loop.time = Waits(poll, reply_poll)  # type: ignore[assignment]
-    for function in (inflatable_utils.pull_objects, loop.pull_objects):
-        assert function.__kwdefaults__ is not None
-        function.__kwdefaults__.update(initial_backoff=backoff, backoff_cap=backoff_cap)
+    set_object_backoff(backoff, backoff_cap)
+    assert loop.pull_objects.__kwdefaults__ is not None  # the same function, imported by name
+    loop.pull_objects.__kwdefaults__.update(initial_backoff=backoff, backoff_cap=backoff_cap)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -224,21 +224,76 @@ def test_a_child_asks_again_while_its_message_is_stored(monkeypatch: pytest.Monk
         launcher.waiting_for_message(flower_pull)(_Runtime(empty=10**6))
 
 
-def test_prepare_child_shortens_the_object_backoff_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def _backoff_functions() -> dict[str, Any]:
+    """Every function of Flower's object pulls that takes the backoff as a keyword
+    default, found by looking (not from ``flower_waits.PULLS``)."""
     from flwr.supercore.inflatable import inflatable_utils
 
-    defaults = inflatable_utils.pull_objects.__kwdefaults__
-    monkeypatch.setattr(inflatable_utils.pull_objects, "__kwdefaults__", dict(defaults or {}))
+    return {
+        name: function
+        for name, function in vars(inflatable_utils).items()
+        if callable(function)
+        and "initial_backoff" in (getattr(function, "__kwdefaults__", None) or {})
+    }
+
+
+def test_prepare_child_shortens_every_object_backoff_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    functions = _backoff_functions()
+    assert set(functions) == {"pull_objects", "pull_and_inflate_object_from_tree"}
+    flowers = {name: dict(f.__kwdefaults__) for name, f in functions.items()}
+    for function in functions.values():
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
     monkeypatch.setattr(run_clientapp, "pull_task_input", run_clientapp.pull_task_input)
     launcher.prepare_child()
     wrapped = run_clientapp.pull_task_input
     launcher.prepare_child()
     assert run_clientapp.pull_task_input is wrapped  # not wrapped twice
-    assert inflatable_utils.pull_objects.__kwdefaults__ == {
-        **(defaults or {}),
-        "initial_backoff": flower_waits.OBJECT_BACKOFF,
-        "backoff_cap": flower_waits.OBJECT_BACKOFF_CAP,
-    }
+    # Each, the one a ClientApp's message comes through included (it hands its own
+    # defaults on to pull_objects: shortening pull_objects alone left Flower's 1 s)
+    for name, function in functions.items():
+        assert function.__kwdefaults__ == {
+            **flowers[name],
+            "initial_backoff": flower_waits.OBJECT_BACKOFF,
+            "backoff_cap": flower_waits.OBJECT_BACKOFF_CAP,
+        }, name
+
+
+def test_a_clientapp_message_pull_retries_at_the_short_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a forked child's pull of its message waits for an object not yet stored:
+    the delays Flower's retry loop asks for, recorded (jitter off)."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    for function in _backoff_functions().values():
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
+    launcher.prepare_child()
+    monkeypatch.setattr(inflatable_utils.random, "uniform", lambda a, b: 0.0)
+    seen: list[float] = []
+
+    def pull(object_id: str) -> bytes:
+        if len(seen) < 4:
+            seen.append(object_id)  # type: ignore[arg-type]
+            raise inflatable_utils.ObjectUnavailableError(object_id)
+        return b"x"
+
+    waits: list[float] = []
+    real_wait = inflatable_utils.threading.Event.wait
+
+    def wait(self: Any, timeout: float | None = None) -> bool:
+        waits.append(timeout)  # type: ignore[arg-type]
+        return real_wait(self, 0)
+
+    monkeypatch.setattr(inflatable_utils.threading.Event, "wait", wait)
+    defaults = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__
+    assert inflatable_utils.pull_objects(
+        ["a"],
+        pull,
+        initial_backoff=defaults["initial_backoff"],
+        backoff_cap=defaults["backoff_cap"],
+    ) == {"a": b"x"}
+    retry_waits = [w for w in waits if w is not None and w < 60]
+    assert retry_waits == pytest.approx([0.05, 0.1, 0.1, 0.1])  # Flower's: 1, 2, 4, 8
 
 
 def test_a_flower_without_the_backoff_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,13 +327,13 @@ def test_a_supernode_that_starts_no_superexec_is_refused(monkeypatch: pytest.Mon
 
 
 def test_the_object_backoff_of_a_run_is_flowers_again_after_it() -> None:
-    from flwr.supercore.inflatable import inflatable_utils
-
-    before = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
+    functions = _backoff_functions()
+    before = {name: dict(f.__kwdefaults__) for name, f in functions.items()}
     with flower_waits.object_backoff(0.02, 0.5):
-        during = dict(inflatable_utils.pull_objects.__kwdefaults__ or {})
-    assert (during["initial_backoff"], during["backoff_cap"]) == (0.02, 0.5)
-    assert inflatable_utils.pull_objects.__kwdefaults__ == before
+        for function in functions.values():
+            during = function.__kwdefaults__
+            assert (during["initial_backoff"], during["backoff_cap"]) == (0.02, 0.5)
+    assert {name: f.__kwdefaults__ for name, f in functions.items()} == before
 
 
 def test_a_child_imports_the_fedpers_of_its_app_not_the_launchers(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from flwr.supercore.inflatable import inflatable_utils
 from flwr.supernode import start_client_internal as loop
 
-from fedpers import supernode
+from fedpers import flower_waits, supernode
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def restored(monkeypatch: pytest.MonkeyPatch) -> None:
     """Flower's modules as they were after the test."""
     monkeypatch.setattr(loop, "time", loop.time)
-    for function in (inflatable_utils.pull_objects, loop.pull_objects):
+    pulls = [getattr(inflatable_utils, name) for name in flower_waits.PULLS]
+    for function in (*pulls, loop.pull_objects):
         monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__ or {}))
 
 
@@ -50,7 +51,8 @@ def test_install_sets_the_loop_and_object_waits(slept: list[float]) -> None:
     loop.time.sleep(3)  # the SuperNode's "nothing to pull" wait
     loop.time.sleep(0.5)  # its wait for a reply or an object
     assert slept == [0.2, 0.05]
-    for function in (inflatable_utils.pull_objects, loop.pull_objects):
+    pulls = [getattr(inflatable_utils, name) for name in flower_waits.PULLS]
+    for function in (*pulls, loop.pull_objects):
         assert function.__kwdefaults__ is not None
         assert function.__kwdefaults__["initial_backoff"] == 0.1
         assert function.__kwdefaults__["backoff_cap"] == 1.0
