@@ -18,7 +18,8 @@ every round, and prints:
 
 With ``--idle SECONDS`` it runs nothing and reports what idle SuperNodes polling cost
 the SuperLink instead (its processor seconds over that time), the figure the poll
-interval of a fleet is chosen from (docs/deploying.md).
+interval of a fleet is chosen from (docs/deploying.md), and what idling cost the nodes
+(their SuperNodes and SuperExecs: the task poll's price on a device).
 
 Run it on an otherwise idle machine; it starts and stops everything it uses.
 """
@@ -141,17 +142,21 @@ def poll_cost(program: tuple[str, ...], *, nodes: int, seconds: float, in_memory
         for index in range(nodes):
             cluster.start_supernode(index)
         time.sleep(20)  # connected, and past their start-up
-        before = processor_seconds(work).get("superlink: SuperLink", 0.0)
+        before = processor_seconds(work)
         time.sleep(seconds)
-        after = processor_seconds(work).get("superlink: SuperLink", 0.0)
+        after = processor_seconds(work)
     finally:
         cluster.close()
+    used = {kind: after[kind] - before.get(kind, 0.0) for kind in after}
     return {
         "program": " ".join(program),
         "superlink": "in memory" if in_memory else "SQLite database",
         "nodes": nodes,
         "seconds": seconds,
-        "superlink_processor_seconds": after - before,
+        "superlink_processor_seconds": used.get("superlink: SuperLink", 0.0),
+        # what idling costs the devices: each SuperNode's polls of the SuperLink, and
+        # its SuperExec's polls of the SuperNode for tasks (all nodes together)
+        "node_processor_seconds": {k: v for k, v in used.items() if k.startswith("nodes: ")},
     }
 
 
