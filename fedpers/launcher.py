@@ -134,6 +134,7 @@ def _child(
         os.close(devnull)
         on_fork()
         forget_fedpers()
+        cache_app_bytecode()
         from flwr.supernode.cli import flwr_clientapp
 
         sys.argv = [CLIENTAPP, *argv]
@@ -158,6 +159,18 @@ def forget_fedpers() -> None:
     for name in [n for n in sys.modules if n == "fedpers" or n.startswith("fedpers.")]:
         del sys.modules[name]
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_SiblingFinder"]
+
+
+def cache_app_bytecode() -> None:
+    """Let this process write the bytecode of what it imports. The app's modules come
+    from its FAB, which Flower unpacks once per FAB under ``FLWR_HOME/apps``; with
+    ``PYTHONDONTWRITEBYTECODE`` (the images set it, for their own install) every task
+    compiled them again. Now the first task of a FAB caches them there and the next
+    ones load them (Python writes each file atomically, and checks it against its
+    source; where the directory is read-only nothing is written). In the namespace
+    deployment, five interleaved pairs of runs: rounds of 3.53 s on average with it,
+    3.93 s without (docs/deploying.md)."""
+    sys.dont_write_bytecode = False
 
 
 def prepare_child() -> None:

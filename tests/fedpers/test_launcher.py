@@ -358,3 +358,27 @@ def test_a_child_imports_the_fedpers_of_its_app_not_the_launchers(tmp_path: Path
     marker, clients = done.stdout.split()
     assert marker == "True"
     assert Path(clients).is_relative_to(fab)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_child_caches_its_apps_bytecode_where_the_image_says_not_to(
+    tmp_path: Path, cached: bool
+) -> None:
+    """With PYTHONDONTWRITEBYTECODE set (as in the images), a forked child still writes
+    the bytecode of the app it imports next to the app's source (the FAB's directory),
+    so the next task of that FAB loads it instead of compiling; without
+    ``cache_app_bytecode`` nothing is written (what every task paid before)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "some_app_module.py").write_text("VALUE = 1\n")
+    script = (
+        "import sys\n"
+        "from fedpers import launcher\n"
+        + ("launcher.cache_app_bytecode()\n" if cached else "")
+        + f"sys.path.insert(0, {str(app)!r})\n"
+        "import some_app_module\n"
+    )
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, env=env)
+    written = list((app / "__pycache__").glob("some_app_module.*.pyc"))
+    assert len(written) == (1 if cached else 0)
