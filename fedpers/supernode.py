@@ -212,9 +212,7 @@ def install(poll: float, reply_poll: float, backoff: float, backoff_cap: float) 
 
     _check_source(loop, inflatable_utils.pull_objects)
     loop.time = Waits(poll, reply_poll)  # type: ignore[assignment]
-    set_object_backoff(backoff, backoff_cap)
-    assert loop.pull_objects.__kwdefaults__ is not None  # the same function, imported by name
-    loop.pull_objects.__kwdefaults__.update(initial_backoff=backoff, backoff_cap=backoff_cap)
+    set_object_backoff(backoff, backoff_cap)  # the loop's pull_objects is that function
 
 
 def main(argv: Sequence[str] | None = None) -> None:
