@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedpers.results import ResultsExistError, holding_every_run
 from fedpers.simulations.flags import parallelism, resources
@@ -143,10 +143,8 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
     validate_runs(runs)
     kwargs = resources(args)
     prepare_output(args.out, overwrite=args.overwrite)
-    if getattr(args, "in_process", False):
-        return [
-            path for path in run_in_process_pool(runs, parallelism(args), keep_going=False) if path
-        ]
+    if getattr(args, "in_process", False):  # not keeping going: every run gave a Path
+        return cast(list[Path], run_in_process_pool(runs, parallelism(args), keep_going=False))
     with LocalSimulation() as simulation:
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
 

@@ -115,7 +115,7 @@ def test_in_process_flag_runs_the_grid_without_flower(
     )
     expected = read_summary(again)["final_accuracy"]
     assert summary["per_seed"]["fedrep"]["inf"] == [pytest.approx(expected, rel=1e-12)]
-    # a run that fails ends the grid with its name, and the rest are cancelled
+    # a run that fails ends the grid with its name (or, keeping going, is None)
     failing = [{**config, "results-dir": str(tmp_path / "f"), "run-name": "bad", "num-rounds": 0}]
     with pytest.raises(launch.FlowerRunError, match="'bad' did not finish"):
         runs.run_in_process_pool(failing, 1, keep_going=False)
