@@ -8,9 +8,12 @@ and partitions; in round 3 one SuperNode is SIGKILLed (the round completes with 
 others and records the failure); it restarts after its key is registered again,
 restores its c_i from the device's disk, the strategy maps its new node id back to its
 partition, and it takes part again in a later round and in every round after it.
-FedRep runs deployed in the Docker test (`make deploy-test`) and on the two-node Ray
-cluster (`make cluster-test`). A round takes 10-15 s here, and the restarted
-node needs a few of them to start and register: it is not asked to be back by round 4.
+Two short FedRep runs with client-level DP clipped and noised on the SuperNodes
+(``dp = "distributed"``): without noise equal to their simulation, with it the epsilon
+the accountant counts. FedRep runs deployed in the Docker test (`make deploy-test`)
+and on the two-node Ray cluster (`make cluster-test`). A round takes 10-15 s here, and
+the restarted node needs a few of them to start and register: it is not asked to be back
+by round 4.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fedpers import privacy
 from fedpers.clients.scaffold import STATE_CONTROL
+from fedpers.privacy import DpSampling
 from fedpers.reports import read_rounds, read_summary
 from tests.deployment.cluster import (
     PROJECT,
@@ -62,6 +68,19 @@ REFUSED = "No SuperNode found with the given public key"
 # ClientApp process per message; docs/deploying.md, "A faster SuperNode"); 300 s left
 # too little room on a slower machine.
 RUN_LIMIT = 480
+# Client-level DP with the clipping and the noise on the devices (dp = "distributed"):
+# FedRep, whose shared body is clipped; a clip of 0.05 binds on digits (the first
+# round's loss 0.59 against 0.20 without it).
+DP_RUN = {
+    "algorithm": "fedrep",
+    "dataset": "digits",
+    "num-clients": NODES,
+    "fraction-train": 1.0,
+    "round-timeout": 40.0,
+}
+DP_CLIP = 0.05
+DP_NOISE = 1.0
+DP_ROUNDS = 2
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +132,60 @@ def test_unregistered_supernode_is_refused(cluster: Cluster) -> None:
     cluster.kill(f"node{NODES}")
     assert REFUSED in log.read_text()
     assert process.poll() is not None
+
+
+def test_distributed_dp_clips_and_noises_on_the_supernodes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``dp = "distributed"`` deployed: each SuperNode's ClientApp clips its update of the
+    shared body (and adds its share of the noise) before the reply leaves the node.
+
+    Without noise the run is deterministic, so it must equal its simulation to 1e-9, and
+    differ from the non-private run (the clip binds). With noise, which comes from a
+    secret generator on each device, no two runs repeat: the devices trained the same
+    round 1 as the noise-free run, the released model differs, and the server counted
+    the epsilon that the accountant gives for what it released."""
+    results = tmp_path / "results"
+    private = {**DP_RUN, "dp": "distributed", "dp-clip": DP_CLIP, "dp-delta": 1e-5}
+    clip_only = {**private, "dp-noise-multiplier": 0.0}
+    noised = {**private, "dp-noise-multiplier": DP_NOISE}
+
+    def simulate(values: dict[str, object], name: str, rounds: int) -> Path:
+        run = {**values, "num-rounds": rounds, "results-dir": str(results), "run-name": name}
+        return InProcessSimulation().run(run)
+
+    def deploy(values: dict[str, object], name: str, rounds: int) -> Path:
+        config = tmp_path / f"{name}.toml"
+        write_run_config(
+            config, {**values, "num-rounds": rounds, "results-dir": str(results), "run-name": name}
+        )
+        cluster.start_run(config, results / name, rounds=rounds, limit=RUN_LIMIT)()
+        return results / name
+
+    plain = read_rounds(simulate(DP_RUN, "plain", 1))
+    simulated = read_rounds(simulate(clip_only, "clip-simulated", DP_ROUNDS))
+    deployed = read_rounds(deploy(clip_only, "clip-deployed", DP_ROUNDS))
+    same_rounds(deployed, simulated, nodes=NODES)
+    assert [r.server[privacy.RELEASES] for r in deployed] == list(range(1, DP_ROUNDS + 1))
+    # The clip binds: the first round's model is not the non-private run's.
+    assert deployed[0].evaluate["loss"] != pytest.approx(plain[0].evaluate["loss"], rel=1e-3)
+
+    noisy = read_rounds(deploy(noised, "noise-deployed", DP_ROUNDS))
+    assert [r.replies for r in noisy] == [NODES] * DP_ROUNDS
+    # Round 1 trained from the same initial model: the same training metrics, computed on
+    # the devices before the clip and the noise; the model released after it differs.
+    for key, value in deployed[0].train.items():
+        np.testing.assert_allclose(noisy[0].train[key], value, rtol=1e-9, atol=1e-12)
+    assert noisy[0].evaluate["loss"] != pytest.approx(deployed[0].evaluate["loss"], rel=1e-6)
+    for number, record in enumerate(noisy, start=1):
+        expected = privacy.epsilon(
+            DpSampling.POISSON, DP_NOISE, 1.0, NODES, float(NODES), number, 1e-5
+        )
+        assert record.server[privacy.EPSILON] == pytest.approx(expected, rel=1e-12)
+    summary = read_summary(results / "noise-deployed")["privacy"]
+    assert (summary["mode"], summary["noise_multiplier"], summary["clip"]) == (
+        "distributed", DP_NOISE, DP_CLIP,
+    )  # fmt: skip
 
 
 # Long on purpose: one deployed run observed as it goes (its simulated twin first,
