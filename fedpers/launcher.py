@@ -41,6 +41,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import queue
 import signal
@@ -74,6 +75,13 @@ READY = "ready"
 MESSAGE_WAIT = 60.0
 # How long a launch waits for the zygote to say which child it forked.
 ACK_TIMEOUT = 10.0
+# The active task poll (``ACTIVE_TASK_POLL_ENV``, seconds; unset: off): for
+# ``ACTIVE_WINDOW`` seconds after a launch, the SuperExec asks for its next task this
+# often instead of every task-poll interval. A run's next message comes within a round,
+# so a node in a run asks fast; an idle node asks at the task-poll interval and pays its
+# price alone (docs/deploying.md, "What the task poll costs").
+ACTIVE_TASK_POLL_ENV = "FEDPERS_ACTIVE_TASK_POLL"
+ACTIVE_WINDOW = 30.0
 
 
 # --------------------------------------------------------------------------- the zygote
@@ -252,6 +260,7 @@ class PrestartedExecutor:
         self.fallback = fallback if fallback is not None else SubprocessExecutor()
         self.forked = 0
         self.cold = 0
+        self.last_launch = -math.inf  # time.monotonic() of the last launch
         self._zygote: subprocess.Popen[bytes] | None = None
         self._answers: queue.Queue[str] = queue.Queue()
         self._ready = threading.Event()
@@ -273,6 +282,7 @@ class PrestartedExecutor:
         not ready or fails, goes to the fallback (a cold process)."""
         from flwr.supercore.superexec.executor import LaunchResult
 
+        self.last_launch = time.monotonic()
         with self._lock:
             if str(spec.task_type) == CLIENTAPP and self._alive() and self._ready.is_set():
                 request = {"argv": clientapp_args(spec), "quiet": spec.suppress_output}
@@ -351,19 +361,90 @@ class PrestartedExecutor:
         self._zygote = None
 
 
+class TaskPoll:
+    """``time`` as Flower's SuperExec loop sees it (``run_superexec``, whose only call is
+    ``time.sleep(task_poll_interval)`` after each ask for a task): within ``window``
+    seconds of the executor's last launch the sleep is at most ``active`` seconds;
+    every other call is ``time``'s own."""
+
+    def __init__(self, executor: PrestartedExecutor, active: float, window: float) -> None:
+        self.executor = executor
+        self.active = active
+        self.window = window
+
+    def sleep(self, seconds: float) -> None:
+        if time.monotonic() - self.executor.last_launch < self.window:
+            seconds = min(seconds, self.active)
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def check_task_poll_source() -> None:
+    """Refuse, before any SuperExec starts, a Flower whose SuperExec loop no longer
+    sleeps where ``TaskPoll`` expects: a silent no-op would claim speed it does not give.
+
+    Raises
+    ------
+    RuntimeError
+        If ``run_superexec`` has no ``time.sleep(task_poll_interval)``.
+    """
+    import inspect
+
+    from flwr.supercore.superexec import run_superexec
+
+    if "time.sleep(task_poll_interval)" not in inspect.getsource(run_superexec):
+        import flwr
+
+        raise RuntimeError(
+            f"flwr {flwr.__version__}'s SuperExec does not poll for tasks with "
+            f"time.sleep(task_poll_interval) ({run_superexec.__file__}): unset "
+            f"{ACTIVE_TASK_POLL_ENV}, or install the flwr version of constraints.txt"
+        )
+
+
+def active_task_poll() -> float | None:
+    """The active task poll from ``ACTIVE_TASK_POLL_ENV`` (None when unset or empty).
+
+    Raises
+    ------
+    ValueError
+        If it is set to anything but a number of seconds in [0.01, 60].
+    """
+    raw = os.environ.get(ACTIVE_TASK_POLL_ENV, "")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.01 <= value <= 60:  # NaN fails too
+        raise ValueError(
+            f"{ACTIVE_TASK_POLL_ENV}={raw!r}: give a number of seconds in [0.01, 60], or "
+            "leave it unset for the task-poll interval alone"
+        )
+    return value
+
+
 # ------------------------------------------------------------------------ entry points
 def superexec(argv: Sequence[str]) -> None:
     """Flower's ``flower-superexec`` main with ``argv``, its subprocess executor replaced
-    by ``PrestartedExecutor``."""
+    by ``PrestartedExecutor`` and, with ``ACTIVE_TASK_POLL_ENV`` set, its task poll
+    by ``TaskPoll``."""
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec import run_superexec
 
     flower_get_executor = run_superexec.get_executor
+    active = active_task_poll()
 
     def get_executor(executor_type: Any, *args: Any, **kwargs: Any) -> Any:
         if executor_type == ExecutorType.SUBPROCESS:
-            return PrestartedExecutor()
+            executor = PrestartedExecutor()
+            if active is not None:
+                run_superexec.time = TaskPoll(executor, active, ACTIVE_WINDOW)  # type: ignore[assignment]
+            return executor
         return flower_get_executor(executor_type, *args, **kwargs)
 
     run_superexec.get_executor = get_executor

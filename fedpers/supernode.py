@@ -1,7 +1,8 @@
 """``fedpers-supernode``: Flower's own SuperNode, with its waits shortened.
 
     fedpers-supernode [--poll-interval S] [--reply-poll S] [--object-backoff S]
-                      [--task-poll-interval S] [--launcher prestarted|flower]
+                      [--task-poll-interval S] [--active-task-poll S]
+                      [--launcher prestarted|flower]
                       [--flower-waits] [--flower-defaults] FLOWER-SUPERNODE-ARGS...
 
 Flower 1.42's SuperNode spends most of a deployed round waiting, not working
@@ -13,14 +14,17 @@ Flower 1.42's SuperNode spends most of a deployed round waiting, not working
 - it waits for the ClientApp's reply, and for each object of the reply, in 0.5 s steps;
 - it retries an object that is registered but not yet stored after 1 s, doubling to 10 s;
 - the SuperExec it starts looks for new tasks every 1 s
-  (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+  (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), also in the middle of a run, when the next
+  message is due within the round.
 
 - the SuperExec starts a fresh ``flwr-clientapp`` process for every message, which
   imports Flower's command line and then torch before it can start (3-7 s).
 
 This command sets those four waits and, by default, gives the SuperExec fedpers'
 prestarted launcher (``fedpers.launcher``: every ClientApp process is forked from one
-that has imported Flower and torch already), then runs Flower's unmodified
+that has imported Flower and torch already), whose SuperExec asks for tasks every
+``--active-task-poll`` seconds for 30 s after a task and at the task-poll interval
+otherwise, then runs Flower's unmodified
 ``flower-supernode`` main with the remaining arguments. The wire protocol is Flower's:
 an unmodified SuperLink serves these nodes. ``--flower-waits`` keeps every one of
 Flower's waits, ``--launcher flower`` its launcher, and ``--flower-defaults`` both.
@@ -50,6 +54,7 @@ from fedpers.flower_waits import (
     OBJECT_BACKOFF_CAP,
     set_object_backoff,
 )
+from fedpers.launcher import ACTIVE_TASK_POLL_ENV, ACTIVE_WINDOW, check_task_poll_source
 
 # Flower's values, as read from the installed 1.42 source (checked in `_check_source`).
 FLOWER_POLL = 3.0
@@ -64,6 +69,11 @@ TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 POLL = 0.5
 REPLY_POLL = 0.05
 TASK_POLL = 1.0
+# For 30 s after a task (fedpers.launcher.ACTIVE_WINDOW), the prestarted launcher's
+# SuperExec asks for the next one every ACTIVE_TASK_POLL seconds: a run's next message
+# comes within a round. The ask is local (SuperExec to SuperNode); the SuperLink never
+# sees it. An idle node keeps TASK_POLL.
+ACTIVE_TASK_POLL = 0.1
 LAUNCHERS = ("prestarted", "flower")
 SUPEREXEC = "flower-superexec"
 
@@ -132,6 +142,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help=f"the SuperExec's poll for tasks (default: ${TASK_POLL_ENV} if set, else "
         f"{TASK_POLL}; Flower: 1)",
+    )
+    p.add_argument(
+        "--active-task-poll",
+        type=_seconds,
+        default=ACTIVE_TASK_POLL,
+        help=f"the task poll for {ACTIVE_WINDOW:g} s after a task, with the prestarted "
+        f"launcher (default {ACTIVE_TASK_POLL}; the task-poll interval or more: off)",
     )
     p.add_argument(
         "--launcher",
@@ -229,9 +246,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         given = args.task_poll_interval
         task_poll = str(given) if given else os.environ.get(TASK_POLL_ENV, str(TASK_POLL))
     install(*waits)
+    os.environ.pop(ACTIVE_TASK_POLL_ENV, None)
     if args.launcher == "prestarted":
         use_prestarted_launcher()
-    os.environ[TASK_POLL_ENV] = task_poll  # the SuperExec it starts inherits it
+        if not args.flower_waits and args.active_task_poll < float(task_poll):
+            check_task_poll_source()
+            os.environ[ACTIVE_TASK_POLL_ENV] = str(args.active_task_poll)
+    os.environ[TASK_POLL_ENV] = task_poll  # the SuperExec it starts inherits both
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["flower-supernode", *rest]

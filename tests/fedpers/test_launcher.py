@@ -4,6 +4,7 @@ task, a fallback to Flower's executor for everything else, and the two races it 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -318,6 +319,73 @@ def test_the_supernode_starts_fedpers_superexec_and_nothing_else(
         ["flwr-clientapp", "--token", "t"],
     ]
     assert loop.subprocess.DEVNULL is subprocess.DEVNULL  # the rest is subprocess's own
+
+
+def test_the_task_poll_is_the_active_one_within_the_window_after_a_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(launcher.time, "sleep", slept.append)
+    executor = types.SimpleNamespace(last_launch=-math.inf)  # never launched
+    poll = launcher.TaskPoll(executor, active=0.1, window=30.0)  # type: ignore[arg-type]
+    poll.sleep(1.0)
+    executor.last_launch = time.monotonic()  # a task just now
+    poll.sleep(1.0)
+    poll.sleep(0.05)  # an interval below the active poll stays
+    executor.last_launch = time.monotonic() - 31.0  # the window has passed
+    poll.sleep(1.0)
+    assert slept == [1.0, 0.1, 0.05, 1.0]
+    assert poll.monotonic is time.monotonic  # the rest of `time` is time's own
+
+
+@pytest.mark.parametrize("active", [None, "0.1"])
+def test_the_superexec_polls_actively_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, active: str | None
+) -> None:
+    from flwr.supercore.constant import ExecutorType
+    from flwr.supercore.superexec import run_superexec
+
+    if active is None:
+        monkeypatch.delenv(launcher.ACTIVE_TASK_POLL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(launcher.ACTIVE_TASK_POLL_ENV, active)
+    for name in ("time", "get_executor"):
+        monkeypatch.setattr(run_superexec, name, getattr(run_superexec, name))
+    made: list[object] = []
+    monkeypatch.setattr(launcher, "PrestartedExecutor", lambda: made.append(object()) or made[-1])
+    seen: list[object] = []
+
+    def flower_main() -> None:  # what Flower's main does first: build the executor
+        seen.append(run_superexec.get_executor(ExecutorType.SUBPROCESS))
+        seen.append(run_superexec.time)
+
+    monkeypatch.setattr("flwr.supercore.cli.flower_superexec", flower_main)
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    launcher.superexec(["--insecure"])
+    assert seen[0] is made[0]
+    if active is None:
+        assert seen[1] is time  # Flower's task poll, untouched
+    else:
+        assert isinstance(seen[1], launcher.TaskPoll)
+        assert (seen[1].executor, seen[1].active) == (made[0], 0.1)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "61", "soon"])
+def test_an_active_task_poll_out_of_range_is_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(launcher.ACTIVE_TASK_POLL_ENV, value)
+    with pytest.raises(ValueError, match=r"number of seconds in \[0.01, 60\], or leave it unset"):
+        launcher.active_task_poll()
+
+
+def test_a_superexec_that_polls_otherwise_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    launcher.check_task_poll_source()  # the installed Flower polls as expected
+    monkeypatch.setattr(inspect, "getsource", lambda module: "time.sleep(interval)")
+    with pytest.raises(RuntimeError, match="unset FEDPERS_ACTIVE_TASK_POLL"):
+        launcher.check_task_poll_source()
 
 
 def test_a_supernode_that_starts_no_superexec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,8 +90,9 @@ def test_the_superexec_inherits_the_task_poll(monkeypatch: pytest.MonkeyPatch) -
     started: list[list[str]] = []
     monkeypatch.setattr(supernode, "install", lambda *waits: started.append(list(waits)))
     monkeypatch.setattr(loop, "subprocess", loop.subprocess)  # the launcher's hook, restored
-    monkeypatch.setenv(supernode.TASK_POLL_ENV, "5")  # restored (unset) after the test
-    monkeypatch.delenv(supernode.TASK_POLL_ENV)
+    for name in (supernode.TASK_POLL_ENV, supernode.ACTIVE_TASK_POLL_ENV):
+        monkeypatch.setenv(name, "5")  # restored (unset) after the test
+        monkeypatch.delenv(name)
     import flwr.supernode.cli as cli
 
     monkeypatch.setattr(cli, "flower_supernode", lambda: started.append(sys.argv[:]))
@@ -102,5 +103,15 @@ def test_the_superexec_inherits_the_task_poll(monkeypatch: pytest.MonkeyPatch) -
         ["flower-supernode", "--insecure", "--superlink", "127.0.0.1:1"],
     ]
     assert os.environ[supernode.TASK_POLL_ENV] == str(supernode.TASK_POLL)
+    assert os.environ[supernode.ACTIVE_TASK_POLL_ENV] == str(supernode.ACTIVE_TASK_POLL)
     supernode.main(["--flower-waits"])
     assert started[2] == [3.0, 0.5, 1.0, 10.0]
+    assert supernode.ACTIVE_TASK_POLL_ENV not in os.environ  # Flower's task poll alone
+    # An active poll no faster than the task poll, or Flower's launcher: no active poll
+    for flags in (["--active-task-poll", "1"], ["--launcher", "flower"]):
+        monkeypatch.setenv(supernode.ACTIVE_TASK_POLL_ENV, "0.1")
+        supernode.main(flags)
+        assert supernode.ACTIVE_TASK_POLL_ENV not in os.environ, flags
+    supernode.main(["--active-task-poll", "0.2", "--task-poll-interval", "2"])
+    assert os.environ[supernode.ACTIVE_TASK_POLL_ENV] == "0.2"
+    assert os.environ[supernode.TASK_POLL_ENV] == "2.0"
