@@ -8,6 +8,7 @@ and partitions; in round 3 one SuperNode is SIGKILLed (the round completes with 
 others and records the failure); it restarts after its key is registered again,
 restores its c_i from the device's disk, the strategy maps its new node id back to its
 partition, and it takes part again in a later round and in every round after it.
+A run started with one device missing waits for it beyond a simulation's settling time.
 Two short FedRep runs with client-level DP clipped and noised on the SuperNodes
 (``dp = "distributed"``): without noise equal to their simulation, with it the epsilon
 the accountant counts. FedRep runs deployed in the Docker test (`make deploy-test`)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -32,6 +34,7 @@ from fedpers import privacy
 from fedpers.clients.scaffold import STATE_CONTROL
 from fedpers.privacy import DpSampling
 from fedpers.reports import read_rounds, read_summary
+from fedpers.strategies.server_app import SETTLED_SECONDS
 from tests.deployment.cluster import (
     PROJECT,
     Cluster,
@@ -78,6 +81,8 @@ DP_RUN = {
     "fraction-train": 1.0,
     "round-timeout": 40.0,
 }
+# A node that starts this long after the run, beyond a simulation's settling time.
+LATE_SECONDS = SETTLED_SECONDS + 5.0
 DP_CLIP = 0.05
 DP_NOISE = 1.0
 DP_ROUNDS = 2
@@ -87,8 +92,8 @@ DP_ROUNDS = 2
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("deployment")
     firewall = _firewall()
-    deployment = Cluster(  # node3: unregistered; node4: spare
-        work, nodes=NODES, extra_keys=2, supernode_program=SUPERNODE
+    deployment = Cluster(  # node3: unregistered; node4, node5: spares
+        work, nodes=NODES, extra_keys=3, supernode_program=SUPERNODE
     )
     try:
         if not deployment.hosts.isolated:
@@ -186,6 +191,33 @@ def test_distributed_dp_clips_and_noises_on_the_supernodes(
     assert (summary["mode"], summary["noise_multiplier"], summary["clip"]) == (
         "distributed", DP_NOISE, DP_CLIP,
     )  # fmt: skip
+
+
+def test_a_deployed_run_waits_for_a_node_that_joins_late(cluster: Cluster, tmp_path: Path) -> None:
+    """A device that comes up after the run started is waited for, up to the round
+    timeout; a simulation's rule (its virtual nodes all register at once, so a count
+    that stays short for SETTLED_SECONDS is an error) must not apply. Until 2026-12-05 a
+    deployed ServerApp took itself for a simulation and failed such a run."""
+    cluster.kill("node1")
+    spare = NODES + 2  # node5: node1's new key (a killed key stays ONLINE for a minute)
+    cluster.replace_identity(1, spare)
+    key = str(cluster.credentials / f"node{spare}" / f"node{spare}")
+    late = threading.Timer(LATE_SECONDS, lambda: cluster.start_supernode(1, key=key))
+    results = tmp_path / "results"
+    config = write_run_config(
+        tmp_path / "late.toml",
+        {**DP_RUN, "num-rounds": 1, "results-dir": str(results), "run-name": "late"},
+    )
+    late.start()
+    try:
+        cluster.start_run(config, results / "late", rounds=1, limit=RUN_LIMIT)()
+    finally:
+        late.join()
+    rounds = read_rounds(results / "late")
+    assert [(r.round, r.replies) for r in rounds] == [(1, NODES)]
+    startup = read_summary(results / "late")["startup_unix"]
+    waited = startup["nodes_registered"] - startup["serverapp_started"]
+    assert waited > SETTLED_SECONDS, startup  # longer than a simulation may wait
 
 
 # Long on purpose: one deployed run observed as it goes (its simulated twin first,
