@@ -25,9 +25,10 @@ Writes DIR/summary.json: ``final_accuracy[method][epsilon]`` (epsilon keys ``1``
 ``mechanism[method][epsilon]`` (``noise_multiplier``, ``clip``, ``sampling_rate``,
 ``sampling``, ``neighboring``, ``population``, ``rounds``, ``delta``, ...: enough to
 recompute the guarantee with another accountant; null without DP); ``paired``: per
-epsilon, the per-seed differences FedRep - FedAvg and FedRep - Local with their 95%
-interval; ``smallest_epsilon_above_local`` (the smallest epsilon of the grid whose
-FedRep - Local interval lies above 0, or null). Also DIR/table.md, DIR/privacy.png
+epsilon, the per-seed differences of FedRep - every other method and of every other
+method - Local, with their 95% interval; ``smallest_epsilon_above_local`` (the smallest
+epsilon of the grid whose FedRep - Local interval lies above 0, or null) and
+``smallest_epsilon_above_local_by_method``. Also DIR/table.md, DIR/privacy.png
 (accuracy against epsilon per method, ± std over seeds) and the runs under DIR/runs/.
 """
 
@@ -226,13 +227,17 @@ def _summary(
         m: {e: _mechanism(runs[(m, e, seeds[0])]) for e in epsilons} for m in methods
     }
     summary["paired"] = {
-        f"fedrep-{other}": {e: _paired(accuracy["fedrep"][e], accuracy[other][e]) for e in epsilons}
-        for other in ("fedavg", NON_PRIVATE)
-        if "fedrep" in methods and other in methods
+        f"{a}-{b}": {e: _paired(accuracy[a][e], accuracy[b][e]) for e in epsilons}
+        for a, b in _pairs(methods)
     }
     summary["smallest_epsilon_above_local"] = _smallest_above(
         summary["paired"].get(f"fedrep-{NON_PRIVATE}", {}), epsilons
     )
+    summary["smallest_epsilon_above_local_by_method"] = {
+        m: _smallest_above(summary["paired"][f"{m}-{NON_PRIVATE}"], epsilons)
+        for m in methods
+        if m != NON_PRIVATE and NON_PRIVATE in methods
+    }
     summary["wall_seconds"] = {
         m: {e: known_mean([runs[(m, e, s)].get("wall_seconds") for s in seeds]) for e in epsilons}
         for m in methods
@@ -258,6 +263,15 @@ def _spent(summaries: Sequence[Mapping[str, Any]]) -> float:
 def _mechanism(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     private = summary.get("privacy")
     return {k: private[k] for k in MECHANISM_KEYS if k in private} if private else None
+
+
+def _pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
+    """The paired comparisons of a grid: FedRep against every other method, then every
+    other method that shares something against Local (the same seeds, so the same
+    partitions, in every run of one invocation)."""
+    pairs = [("fedrep", m) for m in methods if m != "fedrep" and "fedrep" in methods]
+    pairs += [(m, NON_PRIVATE) for m in methods if m not in ("fedrep", NON_PRIVATE)]
+    return [(a, b) for a, b in pairs if b in methods]
 
 
 def _paired(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:

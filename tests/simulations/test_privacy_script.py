@@ -65,19 +65,24 @@ def test_privacy_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) 
         ]
         assert accountant.get_epsilon(delta=mechanism["delta"]) == pytest.approx(spent, rel=0.05)
     # Paired differences and their interval: numpy and scipy
-    for other in ("fedavg", "local"):
+    pairs = [("fedrep", "fedavg"), ("fedrep", "local"), ("fedavg", "local")]
+    assert list(summary["paired"]) == [f"{a}-{b}" for a, b in pairs]
+    for a, b in pairs:
         for e in epsilons:
-            paired = summary["paired"][f"fedrep-{other}"][e]
-            difference = np.subtract(
-                summary["per_seed"]["fedrep"][e], summary["per_seed"][other][e]
-            )
+            paired = summary["paired"][f"{a}-{b}"][e]
+            difference = np.subtract(summary["per_seed"][a][e], summary["per_seed"][b][e])
             assert paired["per_seed"] == pytest.approx(difference.tolist(), rel=1e-12)
             low, high = stats.t.interval(
                 0.95, 1, loc=difference.mean(), scale=stats.sem(difference)
             )
             assert paired["ci95"] == pytest.approx([low, high])
-    above = summary["paired"]["fedrep-local"]["2"]["ci95"][0] > 0
-    assert summary["smallest_epsilon_above_local"] == ("2" if above else None)
+    for m in ("fedrep", "fedavg"):
+        above = summary["paired"][f"{m}-local"]["2"]["ci95"][0] > 0
+        assert summary["smallest_epsilon_above_local_by_method"][m] == ("2" if above else None)
+    assert (
+        summary["smallest_epsilon_above_local"]
+        == (summary["smallest_epsilon_above_local_by_method"]["fedrep"])
+    )
 
 
 def test_bad_epsilons_are_refused_before_any_run(tmp_path: Path) -> None:
