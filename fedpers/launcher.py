@@ -79,7 +79,7 @@ ACK_TIMEOUT = 10.0
 # ``ACTIVE_WINDOW`` seconds after a launch, the SuperExec asks for its next task this
 # often instead of every task-poll interval. A run's next message comes within a round,
 # so a node in a run asks fast; an idle node asks at the task-poll interval and pays its
-# price alone (docs/deploying.md, "What the task poll costs").
+# price alone (docs/deploying.md, "An active task poll").
 ACTIVE_TASK_POLL_ENV = "FEDPERS_ACTIVE_TASK_POLL"
 ACTIVE_WINDOW = 30.0
 
