@@ -280,3 +280,15 @@ def parallelism(args: argparse.Namespace) -> int:
     if args.parallel is not None:
         return max(1, int(args.parallel))
     return 3 if args.quick else 1
+
+
+def add_in_process_flag(parser: argparse.ArgumentParser) -> None:
+    """``--in-process``: a script's runs without Flower's SuperLink and Ray
+    (``runs.run_all``)."""
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every run in process, without Flower's SuperLink and Ray: the ServerApp "
+        "on an in-process grid of the real ClientApps, the numbers flwr run gives (to "
+        "1e-9) without its start-up (--parallel processes at a time)",
+    )

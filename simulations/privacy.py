@@ -42,6 +42,7 @@ from typing import Any
 
 from fedpers.reports import read_summary
 from fedpers.simulations.flags import (
+    add_in_process_flag,
     add_key_flags,
     output_parser,
     seeds_of,
@@ -121,13 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}"
     )
-    parser.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run every run in process, without Flower's SuperLink and Ray: the ServerApp "
-        "on an in-process grid of the real ClientApps, the numbers flwr run gives (to "
-        "1e-9) without its start-up (--parallel processes at a time)",
-    )
+    add_in_process_flag(parser)
     args = parser.parse_args(argv)
     epsilons = parse_epsilons(args.epsilons)
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -2,16 +2,17 @@
 
     python -m simulations.tune --out DIR --key sheaf-lambda --values 0.01,0.1,0.3,1 \
         --metric communication_accuracy.pilots --run-config conf/sheaf_shift.toml \
-        [--seeds 3] [--minimize] [--quick]
+        [--seeds 3] [--minimize] [--quick] [--in-process] [--parallel N]
 
-Every (value, seed) is one ``flwr run`` with ``evaluate-split = "validation"``: every
-evaluation of the run reports the clients' validation samples (the per-client
-protocol's 20%, or 20% of each client's training samples held out of its training),
-never their test samples. The score of a value is the mean over seeds of ``--metric``,
-a (dotted) key of the run's ``summary.json`` (``final_accuracy``,
-``communication_accuracy.pilots``, ``final_principal_angle_distance``, ...); the chosen
-value has the highest mean (the lowest with ``--minimize``), ties going to the value
-listed first.
+Every (value, seed) is one ``flwr run`` (or, with ``--in-process``, the same run in
+process, without the SuperLink and Ray: large federations start in seconds) with
+``evaluate-split = "validation"``: every evaluation of the run reports the clients'
+validation samples (the per-client protocol's 20%, or 20% of each client's training
+samples held out of its training), never their test samples. The score of a value is
+the mean over seeds of ``--metric``, a (dotted) key of the run's ``summary.json``
+(``final_accuracy``, ``communication_accuracy.pilots``,
+``final_principal_angle_distance``, ...); the chosen value has the highest mean (the
+lowest with ``--minimize``), ties going to the value listed first.
 
 Writes DIR/summary.json ``{"key", "values", "metric", "split": "validation", "score":
 {V: mean}, "score_std", "score_ci95", "score_per_seed", "chosen", "seeds", "settings"}``,
@@ -29,9 +30,8 @@ from typing import Any
 
 from fedpers.config import schema
 from fedpers.reports import read_summary
-from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
-from fedpers.simulations.launch import LocalSimulation
-from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.flags import add_in_process_flag, output_parser, seeds_of, settings
+from fedpers.simulations.runs import run_all
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import interval, markdown_table, write_summary
 
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--minimize", action="store_true", help="lower is better (distances, losses)"
     )
+    add_in_process_flag(parser)
     args = parser.parse_args(argv)
     grid = parse_values(args.key, args.values)
     seeds = seeds_of(args)
@@ -120,11 +121,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base.pop(args.key, None)
     base["evaluate-split"] = "validation"
     keys, runs = _runs(args, grid, seeds, base)
-    validate_runs(runs)
-    kwargs = resources(args)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    directories = run_all(args, runs)  # validated, and --out prepared, before any run
+    out = args.out.expanduser().resolve()
     per_seed: dict[str, list[float]] = {str(v): [] for v in grid}
     for (value, _), directory in zip(keys, directories, strict=True):
         per_seed[value].append(metric_of(read_summary(directory), args.metric))

@@ -71,3 +71,29 @@ def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(
     failure = json.loads((tmp_path / "short" / "failure.json").read_text())
     assert "num-supernodes=5" in failure["reason"]
     assert "\x1b[" not in failure["reason"]
+
+
+def test_in_process_tuning_scores_what_an_in_process_run_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedpers.simulations import launch
+    from fedpers.simulations.inprocess import InProcessSimulation
+
+    def no_superlink(**_: object) -> None:
+        raise AssertionError("--in-process started a SuperLink")
+
+    monkeypatch.setattr(launch, "LocalSimulation", no_superlink)
+    base = "algorithm='fedrep' dataset='digits' num-clients=4 num-rounds=2 final-rounds=1"
+    summary = tune.main(
+        ["--out", str(tmp_path / "tune"), "--key", "lr", "--values", "0.001,0.05",
+         "--run-config", base, "--in-process", "--parallel", "2"]
+    )  # fmt: skip
+    # Oracle: each value's run again in this process, on validation as tune asks
+    for value in ("0.001", "0.05"):
+        config = read_config(tmp_path / "tune" / "runs" / f"lr-{value}-seed0")
+        assert config["evaluate-split"] == "validation"
+        again = InProcessSimulation().run(
+            {**config, "results-dir": str(tmp_path / "again"), "run-name": f"lr-{value}"}
+        )
+        expected = read_summary(again)["final_accuracy"]
+        assert summary["score"][value] == pytest.approx(expected, rel=1e-12)
