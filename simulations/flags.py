@@ -173,7 +173,7 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for item in items:
         path = Path(item).expanduser()
-        if item.endswith(".toml") or path.is_file():
+        if item.endswith(".toml") or _is_file(path):
             try:
                 with path.open("rb") as handle:
                     document = tomllib.load(handle)
@@ -202,6 +202,16 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
                 )
         values.update(given)
     return values
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the name cannot be a file's (a long inline
+    ``"key=value ..."`` run config exceeds the system's name length: ENAMETOOLONG, which
+    ``Path.is_file`` raises)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def settings(

@@ -144,6 +144,15 @@ def test_bad_run_config_is_refused_naming_the_key(tmp_path: Path) -> None:
     assert run_config_values([str(nested)]) == {"algorithm": "fedper"}
 
 
+def test_a_long_inline_run_config_is_parsed_not_taken_for_a_file_name() -> None:
+    # Longer than a file name may be (255 bytes): the file check must not raise
+    # ENAMETOOLONG before the string is read as Flower's "key=value ..."
+    given = {"algorithm": "fedrep", "num-clients": 1000, "lr": 0.05, "run-name": "r" * 250}
+    text = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in given.items())
+    assert len(text) > 255
+    assert run_config_values([text]) == given
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_every_script_takes_the_common_flags(
     script: object, capsys: pytest.CaptureFixture[str]
