@@ -160,13 +160,16 @@ class DeviceMemory:
     The memory cgroup of a container keeps its peak (cgroup v1
     ``memory.max_usage_in_bytes``, v2 ``memory.peak``); a thread reads it when a round's
     record appears and, on v1, resets it, so each figure is that round's peak. On v2
-    ``memory.peak`` cannot be reset here, so each figure is the peak so far."""
+    ``memory.peak`` cannot be reset here, so each figure is the peak so far. The peak
+    counts page cache; ``resident`` is the processes' anonymous memory when each round
+    was recorded."""
 
     def __init__(self, deployment: Compose, services: list[str], rounds_file: Path) -> None:
         self.files = {s: self._peak_file(deployment.inspect(s)["Id"]) for s in services}
         self.limits = {s: deployment.inspect(s)["HostConfig"]["Memory"] for s in services}
         self.rounds_file = rounds_file
         self.peaks: dict[str, list[int]] = {s: [] for s in services}
+        self.resident: dict[str, list[int]] = {s: [] for s in services}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -177,6 +180,7 @@ class DeviceMemory:
     def _read_and_reset(self) -> None:
         for service, path in self.files.items():
             self.peaks[service].append(int(path.read_text()))
+            self.resident[service].append(_anonymous_bytes(path.with_name("memory.stat")))
             if path.name == "memory.max_usage_in_bytes":
                 path.write_text("0")
 
@@ -208,7 +212,20 @@ class DeviceMemory:
             "per_round_mb": {s: [round(p / mb, 1) for p in v] for s, v in self.peaks.items()},
             "max_mb": round(max(max(v, default=0) for v in self.peaks.values()) / mb, 1),
             "counter": next(iter(self.files.values())).name,
+            # the peak counts the page cache, which the kernel takes back before it
+            # kills for memory; the processes' own (anonymous) memory when each round
+            # was recorded, from memory.stat (v1 total_rss, v2 anon):
+            "anonymous_at_round_end_mb": {
+                s: [round(p / mb, 1) for p in v] for s, v in self.resident.items()
+            },
         }
+
+
+def _anonymous_bytes(stat: Path) -> int:
+    """The anonymous memory of a cgroup's processes (not page cache): ``total_rss`` of a
+    v1 ``memory.stat`` (its processes and its children's), ``anon`` of a v2 one."""
+    fields = dict(line.split() for line in stat.read_text().splitlines() if line.strip())
+    return int(fields["total_rss"] if "total_rss" in fields else fields["anon"])
 
 
 def cpu_seconds(deployment: Compose, services: list[str]) -> dict[str, float]:
