@@ -114,6 +114,17 @@ def through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Pat
         yield twins
 
 
+@pytest.fixture
+def no_superlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script's ``--in-process`` runs must start no local simulation SuperLink: any
+    attempt fails the test."""
+
+    def refuse(**_: object) -> None:
+        raise AssertionError("--in-process started a SuperLink")
+
+    monkeypatch.setattr(launch, "LocalSimulation", refuse)
+
+
 def assert_through_flower(twins: list[tuple[Path, Path]], out: Path) -> None:
     """The script wrote under ``out``, its first configuration went through Flower once,
     and that run's results equal its in-process twin's (``assert_same_run``): what lets

@@ -97,16 +97,11 @@ def test_bad_epsilons_are_refused_before_any_run(tmp_path: Path) -> None:
     assert not (tmp_path / "p").exists()
 
 
-def test_in_process_flag_runs_the_grid_without_flower(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("no_superlink")
+def test_in_process_flag_runs_the_grid_without_flower(tmp_path: Path) -> None:
     from fedpers.simulations import launch, runs
     from fedpers.simulations.inprocess import InProcessSimulation
 
-    def no_superlink(**_: object) -> None:
-        raise AssertionError("--in-process started a SuperLink")
-
-    monkeypatch.setattr(launch, "LocalSimulation", no_superlink)
     # Execute: the non-private grid (only those runs repeat: DP noise is secret)
     out = tmp_path / "privacy"
     summary = privacy.main(

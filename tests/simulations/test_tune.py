@@ -73,16 +73,10 @@ def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(
     assert "\x1b[" not in failure["reason"]
 
 
-def test_in_process_tuning_scores_what_an_in_process_run_gives(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from fedpers.simulations import launch
+@pytest.mark.usefixtures("no_superlink")
+def test_in_process_tuning_scores_what_an_in_process_run_gives(tmp_path: Path) -> None:
     from fedpers.simulations.inprocess import InProcessSimulation
 
-    def no_superlink(**_: object) -> None:
-        raise AssertionError("--in-process started a SuperLink")
-
-    monkeypatch.setattr(launch, "LocalSimulation", no_superlink)
     base = "algorithm='fedrep' dataset='digits' num-clients=4 num-rounds=2 final-rounds=1"
     summary = tune.main(
         ["--out", str(tmp_path / "tune"), "--key", "lr", "--values", "0.001,0.05",
