@@ -12,9 +12,10 @@ A run started with one device missing waits for it beyond a simulation's settlin
 Two short FedRep runs with client-level DP clipped and noised on the SuperNodes
 (``dp = "distributed"``): without noise equal to their simulation, with it the epsilon
 the accountant counts. FedRep runs deployed in the Docker test (`make deploy-test`)
-and on the two-node Ray cluster (`make cluster-test`). A round takes 10-15 s here, and
-the restarted node needs a few of them to start and register: it is not asked to be back
-by round 4.
+and on the two-node Ray cluster (`make cluster-test`). A round took 10-15 s here before
+the prestarted launcher and the backoff fixes (about 3 s since, docs/deploying.md), and
+the restarted node needs tens of seconds to start and register: it is not asked to be
+back by round 4.
 """
 
 from __future__ import annotations
@@ -71,10 +72,10 @@ REFUSED = "No SuperNode found with the given public key"
 # ClientApp process per message; docs/deploying.md, "A faster SuperNode"); 300 s left
 # too little room on a slower machine.
 RUN_LIMIT = 480
-# Client-level DP with the clipping and the noise on the devices (dp = "distributed"):
-# FedRep, whose shared body is clipped; a clip of 0.05 binds on digits (the first
-# round's loss 0.59 against 0.20 without it).
-DP_RUN = {
+# FedRep on digits, every node every round: the late-joining node's run, and the runs
+# with client-level DP clipped and noised on the devices (dp = "distributed"), whose
+# shared body a clip of 0.05 binds (the first round's loss 0.59 against 0.20 without it).
+FEDREP_RUN = {
     "algorithm": "fedrep",
     "dataset": "digits",
     "num-clients": NODES,
@@ -151,7 +152,7 @@ def test_distributed_dp_clips_and_noises_on_the_supernodes(
     round 1 as the noise-free run, the released model differs, and the server counted
     the epsilon that the accountant gives for what it released."""
     results = tmp_path / "results"
-    private = {**DP_RUN, "dp": "distributed", "dp-clip": DP_CLIP, "dp-delta": 1e-5}
+    private = {**FEDREP_RUN, "dp": "distributed", "dp-clip": DP_CLIP, "dp-delta": 1e-5}
     clip_only = {**private, "dp-noise-multiplier": 0.0}
     noised = {**private, "dp-noise-multiplier": DP_NOISE}
 
@@ -167,7 +168,7 @@ def test_distributed_dp_clips_and_noises_on_the_supernodes(
         cluster.start_run(config, results / name, rounds=rounds, limit=RUN_LIMIT)()
         return results / name
 
-    plain = read_rounds(simulate(DP_RUN, "plain", 1))
+    plain = read_rounds(simulate(FEDREP_RUN, "plain", 1))
     simulated = read_rounds(simulate(clip_only, "clip-simulated", DP_ROUNDS))
     deployed = read_rounds(deploy(clip_only, "clip-deployed", DP_ROUNDS))
     same_rounds(deployed, simulated, nodes=NODES)
@@ -206,7 +207,7 @@ def test_a_deployed_run_waits_for_a_node_that_joins_late(cluster: Cluster, tmp_p
     results = tmp_path / "results"
     config = write_run_config(
         tmp_path / "late.toml",
-        {**DP_RUN, "num-rounds": 1, "results-dir": str(results), "run-name": "late"},
+        {**FEDREP_RUN, "num-rounds": 1, "results-dir": str(results), "run-name": "late"},
     )
     late.start()
     try:
