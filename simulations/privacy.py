@@ -225,14 +225,13 @@ def _summary(
         f"{a}-{b}": {e: _paired(accuracy[a][e], accuracy[b][e]) for e in epsilons}
         for a, b in _pairs(methods)
     }
-    summary["smallest_epsilon_above_local"] = _smallest_above(
-        summary["paired"].get(f"fedrep-{NON_PRIVATE}", {}), epsilons
-    )
-    summary["smallest_epsilon_above_local_by_method"] = {
+    above_local = {
         m: _smallest_above(summary["paired"][f"{m}-{NON_PRIVATE}"], epsilons)
         for m in methods
         if m != NON_PRIVATE and NON_PRIVATE in methods
     }
+    summary["smallest_epsilon_above_local"] = above_local.get("fedrep")
+    summary["smallest_epsilon_above_local_by_method"] = above_local
     summary["wall_seconds"] = {
         m: {e: known_mean([runs[(m, e, s)].get("wall_seconds") for s in seeds]) for e in epsilons}
         for m in methods
