@@ -33,7 +33,7 @@ from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import APFLSettings
 from fedpers.models import part_arrays
-from fedpers.training import SGD, dropout_stream, evaluate
+from fedpers.training import SGD, dropout_stream, evaluate, mini_batches
 
 STATE_ALPHA = "fedpers.apfl.alpha"  # this client's mixing weight, in context.state
 ALPHA = "alpha"
@@ -68,35 +68,32 @@ class APFLClient(PersonalizedClient):
         w_model.train()
         v_model.train()
         with dropout_stream(generator, x.device.type):
-            for _ in range(epochs if len(y) else 0):
-                order = torch.randperm(len(y), generator=generator)
-                for start in range(0, len(y), settings.batch_size):
-                    index = order[start : start + settings.batch_size]
-                    xb, yb = x[index], y[index]
-                    if self.augment is not None:
-                        xb = self.augment(xb, generator)
-                    loss = F.cross_entropy(w_model(xb), yb)
-                    grad_w = torch.autograd.grad(loss, w_params)
-                    # The mixture of this step's v and w: w is a constant in it.
-                    a = alpha.clone().requires_grad_(self.adaptive)
-                    mixed = {
-                        name: a * v + (1 - a) * w.detach()
-                        for name, v, w in zip(names, v_params, w_params, strict=True)
-                    }
-                    mixed_loss = F.cross_entropy(functional_call(w_model, mixed, (xb,)), yb)
-                    wanted = [*v_params, a] if self.adaptive else v_params
-                    grads = torch.autograd.grad(mixed_loss, wanted)
-                    for p, g in zip(w_params, grad_w, strict=True):
-                        p.grad = g
-                    for p, g in zip(v_params, grads, strict=False):
-                        p.grad = g
-                    w_step.step()
-                    v_step.step()
-                    if self.adaptive:
-                        with torch.no_grad():
-                            alpha = (alpha - settings.lr * grads[-1]).clamp(0.0, 1.0)
-                    loss_sum += loss.item() * len(index)
-                    seen += len(index)
+            for index in mini_batches(len(y), epochs, settings.batch_size, generator):
+                xb, yb = x[index], y[index]
+                if self.augment is not None:
+                    xb = self.augment(xb, generator)
+                loss = F.cross_entropy(w_model(xb), yb)
+                grad_w = torch.autograd.grad(loss, w_params)
+                # The mixture of this step's v and w: w is a constant in it.
+                a = alpha.clone().requires_grad_(self.adaptive)
+                mixed = {
+                    name: a * v + (1 - a) * w.detach()
+                    for name, v, w in zip(names, v_params, w_params, strict=True)
+                }
+                mixed_loss = F.cross_entropy(functional_call(w_model, mixed, (xb,)), yb)
+                wanted = [*v_params, a] if self.adaptive else v_params
+                grads = torch.autograd.grad(mixed_loss, wanted)
+                for p, g in zip(w_params, grad_w, strict=True):
+                    p.grad = g
+                for p, g in zip(v_params, grads, strict=False):
+                    p.grad = g
+                w_step.step()
+                v_step.step()
+                if self.adaptive:
+                    with torch.no_grad():
+                        alpha = (alpha - settings.lr * grads[-1]).clamp(0.0, 1.0)
+                loss_sum += loss.item() * len(index)
+                seen += len(index)
         for p in (*w_params, *v_params):
             p.grad = None
         self.alpha = float(alpha)

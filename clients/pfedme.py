@@ -29,7 +29,7 @@ from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import PFedMeSettings
 from fedpers.models import load_part_arrays, part_arrays
-from fedpers.training import dropout_stream, evaluate
+from fedpers.training import dropout_stream, evaluate, mini_batches
 
 
 class PFedMeClient(PersonalizedClient):
@@ -56,24 +56,21 @@ class PFedMeClient(PersonalizedClient):
         loss_sum, seen = 0.0, 0
         theta_model.train()
         with dropout_stream(generator, x.device.type):
-            for _ in range(epochs if len(y) else 0):
-                order = torch.randperm(len(y), generator=generator)
-                for start in range(0, len(y), settings.batch_size):
-                    index = order[start : start + settings.batch_size]
-                    xb, yb = x[index], y[index]
-                    if self.augment is not None:
-                        xb = self.augment(xb, generator)
-                    for _ in range(k):
-                        loss = F.cross_entropy(theta_model(xb), yb)
-                        grads = torch.autograd.grad(loss, theta)
-                        with torch.no_grad():
-                            for t, g, wi in zip(theta, grads, w, strict=True):
-                                t.sub_(personal_lr * (g + lam * (t - wi)))
+            for index in mini_batches(len(y), epochs, settings.batch_size, generator):
+                xb, yb = x[index], y[index]
+                if self.augment is not None:
+                    xb = self.augment(xb, generator)
+                for _ in range(k):
+                    loss = F.cross_entropy(theta_model(xb), yb)
+                    grads = torch.autograd.grad(loss, theta)
                     with torch.no_grad():
-                        for wi, t in zip(w, theta, strict=True):
-                            wi.sub_(settings.lr * lam * (wi - t))
-                    loss_sum += loss.item() * len(index)
-                    seen += len(index)
+                        for t, g, wi in zip(theta, grads, w, strict=True):
+                            t.sub_(personal_lr * (g + lam * (t - wi)))
+                with torch.no_grad():
+                    for wi, t in zip(w, theta, strict=True):
+                        wi.sub_(settings.lr * lam * (wi - t))
+                loss_sum += loss.item() * len(index)
+                seen += len(index)
         with torch.no_grad():
             for p, wi in zip(self.model.parameters(), w, strict=True):
                 p.copy_(wi)
