@@ -17,7 +17,9 @@ partition keeps the cluster's id, and so do the cluster's members not sampled th
 round: the paper has every client in every round, so with ``fraction-train < 1`` they
 stay where they were until a later split moves them (FedEM's code refuses partial
 participation instead). A cluster splits only while fewer than
-``clustered-fl-max-clusters`` exist.
+``clustered-fl-max-clusters`` exist. Under ``aggregation = "trimmed-mean"`` a cluster
+(or half) with too few replies to trim keeps its model that round (the round records
+``clusters-unchanged``): no model is set by one or two replies the trim cannot check.
 
 The global state, checkpointed with the run, is every cluster's model
 (``cluster.<c>.<parameter>``, all ``max-clusters`` of them, the unused ones copies of
@@ -37,6 +39,7 @@ from flwr.serverapp import Grid
 from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
+from fedpers.aggregation import Aggregation, trim_count
 from fedpers.families.personalized import ASSIGNMENT, CLUSTER, ClusteredFLSettings
 from fedpers.strategies import screening
 from fedpers.strategies.base import FedpersStrategy, mean_metrics
@@ -53,6 +56,7 @@ class ClusteredFL(FedpersStrategy):
         self.models: dict[int, Model] = {}  # the clusters' models this round started from
         self.assignment = np.zeros(len(self.seen), dtype=np.float64)
         self.sent: dict[int, Model] = {}  # what each sampled partition was sent
+        self.unchanged = 0  # this round's clusters too small for the trimmed mean
 
     @property
     def clusters(self) -> int:
@@ -111,6 +115,7 @@ class ClusteredFL(FedpersStrategy):
             )
         models = dict(self.models)
         assignment = self.assignment.copy()
+        self.unchanged = 0
         for cluster, replies_of in sorted(members.items()):
             start = self.models[cluster]
             halves = self.split(start, replies_of, int(assignment.max()) + 1)
@@ -128,7 +133,15 @@ class ClusteredFL(FedpersStrategy):
         return _record(models, assignment), metrics
 
     def aggregated(self, replies: list[tuple[int, Model, float]], start: Model) -> Model:
-        """The run's aggregation of the replies, weighted by their examples."""
+        """The run's aggregation of the replies, weighted by their examples; ``start``
+        (the cluster's model, unchanged) where a trimmed mean would cut every reply, as
+        it does a cluster of one or two replies at any trim: a cluster's replies are
+        not known before the run, so the check before start cannot cover them."""
+        if self.run.aggregation == Aggregation.TRIMMED_MEAN and 2 * trim_count(
+            len(replies), self.run.aggregation_trim
+        ) >= len(replies):
+            self.unchanged += 1
+            return start
         return self.combine([m for _, m, _ in replies], [w for _, _, w in replies], start)
 
     def split(
@@ -172,8 +185,13 @@ class ClusteredFL(FedpersStrategy):
         }
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
-        """The clusters in use after the round (``clusters``)."""
-        return {**super().round_metrics(server_round), "clusters": float(self.clusters)}
+        """The clusters in use after the round (``clusters``) and, under the trimmed
+        mean, those left unchanged because it would cut all their replies
+        (``clusters-unchanged``)."""
+        metrics = {**super().round_metrics(server_round), "clusters": float(self.clusters)}
+        if self.run.aggregation == Aggregation.TRIMMED_MEAN:
+            metrics["clusters-unchanged"] = float(self.unchanged)
+        return metrics
 
 
 def bipartition(updates: np.ndarray) -> np.ndarray:

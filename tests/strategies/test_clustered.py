@@ -110,3 +110,41 @@ def test_clustered_fl_refuses_dp_and_keeps_its_clusters_on_the_server() -> None:
     assert not load_run_config({"algorithm": "clustered-fl"}).spec.keeps_state
     with pytest.raises(ConfigError, match="keeps a model per cluster"):
         load_run_config({"algorithm": "clustered-fl", "dp": "central"})
+
+
+def test_under_the_trimmed_mean_a_cluster_too_small_to_trim_keeps_its_model() -> None:
+    # Round 1 splits the four clients; trim 0.25 cuts 1 value of k at each end, so a half
+    # of one or two replies would be cut to nothing and keeps the model it started from,
+    # and a half of three becomes the coordinate-wise median of its three models.
+    config, start, result, _, _ = tiny_rounds(
+        1,
+        algorithm="clustered-fl",
+        clustered_fl_eps1=1e9,
+        clustered_fl_eps2=0.0,
+        clustered_fl_max_clusters=2,
+        aggregation="trimmed-mean",
+        aggregation_trim=0.25,
+    )
+    initial = {k: torch.tensor(v, dtype=torch.float64) for k, v in _cluster(start, 0).items()}
+    trained = [_local(config, p, initial) for p in range(config.num_clients)]
+    updates = np.stack(
+        [torch.cat([(m[k] - initial[k]).reshape(-1) for k in sorted(m)]).numpy() for m in trained]
+    )
+    labels = fcluster(linkage(pdist(updates, "cosine"), "complete"), 2, "maxclust")
+    assignment = [0 if label == labels[0] else 1 for label in labels]
+    assert result[ASSIGNMENT].tolist() == assignment
+    assert sorted(assignment.count(c) for c in (0, 1)) == [1, 3]  # both branches taken
+    for c in (0, 1):
+        members = [m for m, a in zip(trained, assignment, strict=True) if a == c]
+        expected = (
+            {k: torch.stack([m[k] for m in members]).median(dim=0).values for k in initial}
+            if len(members) == 3
+            else initial
+        )
+        assert _gap(_cluster(result, c), expected) < 1e-6, (c, len(members))
+    # The test can fail: a small half's plain mean is not its starting model
+    small = min((0, 1), key=assignment.count)
+    members = [
+        (p, m) for p, (m, a) in enumerate(zip(trained, assignment, strict=True)) if a == small
+    ]
+    assert _gap(_cluster(result, small), _fedavg(config, members)) > 1e-4
