@@ -5,7 +5,9 @@ every aggregation.
                                      [--sweep-replies N] [--replies-per-round 4,10,40]
                                      [--in-process] [--skip-fuzz | --skip-attacks]
 
-1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL) and each kind of
+1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL; without ``--quick``
+   also the comparison rows with an exchange of their own: SCAFFOLD, Clustered FL,
+   FedProto) and each kind of
    malformed reply or attack that applies to it (``fedpers.faults.KINDS``), a case: one
    client sends it in one round. The cases of a family run in one `flwr run`, one case
    per round, at partitions taking turns; start-up cases (FedGMM's queries) before the
@@ -88,6 +90,7 @@ ATTACKS = ("sign-flip=100", "noise=0.1", "inflate", "zero-examples")
 PILOT_KINDS = ("pilots-scale", "pilots-nan", "raise", "loss-list", "examples-list", "inflate")
 STARTUP_KINDS = ("startup-scale", "startup-nan")
 
+CLIENTS = 6  # clients of a fuzz run; every one trains every round
 FAMILIES: dict[str, dict[str, Any]] = {
     "fedrep": {"algorithm": "fedrep", "dataset": "digits", "head-epochs": 2, "epochs": 1},
     "fedavg": {"algorithm": "fedavg", "dataset": "digits", "epochs": 1},
@@ -100,8 +103,26 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "epochs": 1,
     },
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits", "epochs": 1},
+    # The comparison rows with an exchange of their own (the others send FedAvg's or
+    # FedRep's records): SCAFFOLD's control variates, Clustered FL's models of several
+    # clusters (split from the first round on), FedProto's class prototypes and counts.
+    "scaffold": {"algorithm": "scaffold", "dataset": "digits", "epochs": 1},
+    "clustered-fl": {
+        "algorithm": "clustered-fl",
+        "dataset": "digits",
+        "epochs": 1,
+        "clustered-fl-eps1": 1e9,
+        "clustered-fl-eps2": 0.0,
+    },
+    "fedproto": {
+        "algorithm": "fedproto",
+        "dataset": "digits",
+        "epochs": 1,
+        "sheaf-latent-dims": ",".join(["8"] * CLIENTS),  # one per client, all equal
+    },
 }
-CLIENTS = 6  # clients of a fuzz run; every one trains every round
+# Fuzzed in the full form only (``--quick`` keeps to the four families)
+COMPARISON_FAMILIES = ("scaffold", "clustered-fl", "fedproto")
 SIGN_FLIP_SCALE = 10.0
 SWEEP_REPLIES = 1250  # per case: 10 federations x 2 phases, 3 votes, 3 FedGMM statistics
 QUICK_SWEEP_REPLIES = 10
@@ -155,6 +176,8 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
                 expect = "rejected"
                 if family == "fedgmm" and kind in ("inflate", "zero-examples"):
                     expect = "rejected"  # the responsibilities expose the claimed size
+                elif family == "fedproto":
+                    expect = "rejected"  # the prototype counts expose any other size
                 elif kind.startswith(("sign-flip", "noise")):
                     expect = "bounded"  # accepted, or left out by the update bound
                 elif kind == "zero-examples":
@@ -170,6 +193,8 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
         "fedgmm": schedule("fedgmm", MALFORMED + MIXTURE_MALFORMED + ATTACKS),
         "sheaf-frl": schedule("sheaf-frl", PILOT_KINDS),
     }
+    if not quick:
+        runs.update({name: schedule(name, MALFORMED + ATTACKS) for name in COMPARISON_FAMILIES})
     if quick:  # a few kinds of each family, enough to exercise every path
         keep = {"nan", "rename", "corrupt-data", "huge", "sign-flip=100", "inflate"}
         keep |= {"non-psd", "responsibilities", "pilots-scale", "raise"}

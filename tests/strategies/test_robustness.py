@@ -17,6 +17,7 @@ from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
 from fedpers.families import mixture as mixture_family
 from fedpers.results import RoundRecord
+from fedpers.simulations import reply_fuzz
 from fedpers.simulations.robustness import MALFORMED, MIXTURE_MALFORMED
 from fedpers.strategies import build_strategy
 from fedpers.strategies.base import FedpersStrategy
@@ -35,6 +36,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "epochs": 1,
     },
 }
+# The comparison rows whose server does something of its own with a reply (SCAFFOLD's
+# variates, L2GD's mean of personal models, Fed-MTL's per-client models, pFedMe's beta
+# step, Clustered FL's clusters, FedProto's prototypes), as the reply sweep builds them
+EXCHANGES = ("scaffold", "l2gd", "fed-mtl", "pfedme", "clustered-fl", "fedproto")
+FAMILIES.update({name: reply_fuzz.FAMILIES[name] for name in EXCHANGES})
 FAULTY = 1  # the faulty partition; every partition trains every round
 
 
@@ -92,9 +98,14 @@ def test_every_malformed_reply_is_left_out_and_no_state_is_corrupted(family: str
     assert all(_well_formed(state, states[0]) for state in states)
 
 
-@pytest.mark.parametrize("family", ["fedrep", "fedgmm"])
+ATTACK_KINDS = ["sign-flip=100", "noise=0.1", "inflate", "zero-examples", "inflate=-5"]
+
+
+@pytest.mark.parametrize(
+    "family", ["fedrep", "fedgmm", *(name for name in EXCHANGES if name != "fedproto")]
+)
 def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -> None:
-    kinds = ["sign-flip=100", "noise=0.1", "inflate", "zero-examples", "inflate=-5"]
+    kinds = ATTACK_KINDS
     spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(kinds, start=1))
     _strategy, (records, states) = _run(FAMILIES[family], spec, rounds=len(kinds))
     flip, noise, inflate, zero, negative = records
@@ -118,6 +129,24 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
         "'num-examples' = -" in r and "is outside its range [0, inf]" in r
         for r in negative.rejections
     )
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
+def test_every_attack_on_prototypes_is_exposed_by_their_counts() -> None:
+    # FedProto's reply is a prototype and a count per class: a sign flip or noise makes
+    # the counts negative or fractional, and a claimed size other than their sum is a lie
+    spec = ",".join(f"{kind}:{FAULTY}@{r}" for r, kind in enumerate(ATTACK_KINDS, start=1))
+    _strategy, (records, states) = _run(FAMILIES["fedproto"], spec, rounds=len(ATTACK_KINDS))
+    expected = [
+        "prototype counts are not non-negative whole numbers",
+        "prototype counts are not non-negative whole numbers",
+        "prototype counts sum to",
+        "prototype counts sum to",
+        "metric 'num-examples' = -5 is outside its range",
+    ]
+    for record, reason in zip(records, expected, strict=True):
+        assert record.replies == 3
+        assert [r.split(": ", 1)[1][: len(reason)] for r in record.rejections] == [reason]
     assert all(_well_formed(state, states[0]) for state in states)
 
 
