@@ -306,7 +306,7 @@ class RobustnessSettings:
         Aggregation.MEAN,
         "`mean` (FedAvg's, by num-examples), coordinate-wise `trimmed-mean` or `median` "
         "(unweighted), or `clipped-mean` (updates clipped to a multiple of their median "
-        "norm); for every algorithm's shared parts (the Sheaf-FRL family shares none: mean)",
+        "norm); for every algorithm's shared parts",
     )
     aggregation_trim: float = setting(
         0.2, "trimmed-mean: fraction of the values cut at each end, per coordinate"

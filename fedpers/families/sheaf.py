@@ -467,24 +467,6 @@ def check_agents(run: RunConfig) -> None:
         )
 
 
-def check_aggregation(run: RunConfig) -> None:
-    """No row of the family averages a model: a robust ``aggregation`` would not act,
-    so it is refused rather than ignored."""
-    if not applies(run) or str(run.aggregation) == "mean":
-        return
-    server = (
-        "averages class prototypes weighted by their counts"
-        if FedProtoSettings in run.spec.settings
-        else "relays what the agents send between neighbours"
-    )
-    raise ConfigError(
-        f"run-config key 'aggregation' = '{run.aggregation}' chooses how a server averages "
-        f"shared model parts, and algorithm '{run.algorithm}' shares none: its server "
-        f"{server}, each reply screened and bounded as every reply is. Set "
-        "aggregation = 'mean'."
-    )
-
-
 MUSCLE_TUPLES_LIMIT = 2**26  # logits of one FedMuscle step: batch^(others + 1)
 
 
@@ -558,7 +540,7 @@ FAMILY = families.register(
         name=NAME,
         summary=summary,
         groups=(SheafSettings,),
-        checks=(check_agents, check_aggregation),
+        checks=(check_agents,),
         metric_ranges=(
             (EDGE_METRIC, 0.0, 1.0),
             (PENALTY, 0.0, math.inf),

@@ -91,20 +91,6 @@ def test_defaults_parse_and_round_trip() -> None:
             {"algorithm": "sheaf-frl", "dataset": "digits", "sheaf-variant": "private"},
             "'sheaf-variant' = 'private' needs equal latent dimensions",
         ),
-        (
-            {"algorithm": "sheaf-frl", "dataset": "digits", "aggregation": "median"},
-            "algorithm 'sheaf-frl' shares none: its server relays what the agents send",
-        ),
-        (
-            {
-                "algorithm": "fedproto",
-                "dataset": "digits",
-                "num-clients": 4,
-                "sheaf-latent-dims": "8,8,8,8",
-                "aggregation": "trimmed-mean",
-            },
-            "algorithm 'fedproto' shares none: its server averages class prototypes",
-        ),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides: dict, fragment: str) -> None:
