@@ -5,11 +5,14 @@ replies' prototypes weighted by the samples behind each,
 
     C_bar^j = sum_i n_i^j C_i^j / sum_i n_i^j,
 
-a class no reply holds keeping none (count 0). The counts are bounded as weights are:
-their sum must be the reply's ``num-examples``, which its node's registered size caps
-(the counts scale with the cap). A reply's prototypes may be at most
-``screening.HUGE`` times the largest global prototype sent (at least 1). After the last
-round the agents are aligned and their communication accuracy measured
+a class no reply holds keeping none (count 0). Under a robust ``aggregation`` each
+class's prototype is the trimmed mean, median or clipped mean of its holders' instead
+(``robust_prototypes``; a class held by too few replies to trim keeps its last one,
+counted in ``classes-unchanged``).
+The counts are bounded as weights are: their sum must be the reply's ``num-examples``,
+which its node's registered size caps (the counts scale with the cap). A reply's
+prototypes may be at most ``screening.HUGE`` times the largest global prototype sent (at
+least 1). After the last round the agents are aligned and their communication accuracy measured
 (``PeerRelay.final_test``), whitened on their training latents as the paper's baselines
 are and on the pilots as Sheaf-FRL is.
 """
@@ -23,6 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
+from fedpers.aggregation import Aggregation, trim_count
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
@@ -37,6 +41,8 @@ class FedProto(PeerRelay):
     # Aligned after training as the paper's baselines are (whitened on the training
     # latents) and as Sheaf-FRL is (on the pilots).
     whitening_modes = (sheaf_family.Whitening.TRAIN, sheaf_family.Whitening.PILOTS)
+
+    unchanged = 0  # this round's classes held by too few replies for the trimmed mean
 
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """No prototype yet: zeros, each held by 0 samples (the state keeps one shape)."""
@@ -93,7 +99,8 @@ class FedProto(PeerRelay):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The count-weighted mean prototype of every class."""
+        """The count-weighted mean prototype of every class (under a robust
+        ``aggregation``, ``robust_prototypes``)."""
         counted = self._count_replies(server_round, replies)
         valid = [r for r in counted if screening.num_examples(r) > 0]
         if not valid:
@@ -105,6 +112,8 @@ class FedProto(PeerRelay):
             total += sent[PROTOTYPE_COUNTS][:, None] * sent[PROTOTYPES].astype(np.float64)
             counts += sent[PROTOTYPE_COUNTS]
         means = total / np.maximum(counts, 1.0)[:, None]
+        if self.run.aggregation != Aggregation.MEAN:
+            means, counts = self.robust_prototypes(valid, counts)
         record = ArrayRecord(
             {
                 PROTOTYPES: Array(np.ascontiguousarray(means.astype(np.float32))),
@@ -112,3 +121,42 @@ class FedProto(PeerRelay):
             }
         )
         return record, mean_metrics([r.content for r in valid])
+
+    def robust_prototypes(
+        self, replies: list[Message], counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each class's prototype by the run's ``aggregation`` over the replies that hold
+        the class (weighted by their counts where it weighs; the clipped mean's updates
+        measured from the last global prototype). A class no reply holds has none, as
+        under the mean; one whose holders are too few for the trimmed mean (one or two,
+        at any trim) keeps its last prototype and count."""
+        previous = self.current_shared[PROTOTYPES].astype(np.float64)
+        previous_counts = self.current_shared[PROTOTYPE_COUNTS]
+        sent = [screening.arrays_of(reply) for reply in replies]
+        means, counts = np.zeros_like(previous), counts.copy()
+        self.unchanged = 0
+        for j in range(self.run.num_classes):
+            holders = [a for a in sent if a[PROTOTYPE_COUNTS][j] > 0]
+            if not holders:
+                continue
+            if self.run.aggregation == Aggregation.TRIMMED_MEAN and 2 * trim_count(
+                len(holders), self.run.aggregation_trim
+            ) >= len(holders):
+                means[j], counts[j] = previous[j], previous_counts[j]
+                self.unchanged += 1
+                continue
+            combined = self.combine(
+                [{PROTOTYPES: a[PROTOTYPES][j].astype(np.float64)} for a in holders],
+                [float(a[PROTOTYPE_COUNTS][j]) for a in holders],
+                {PROTOTYPES: previous[j]},
+            )
+            means[j] = combined[PROTOTYPES]
+        return means, counts
+
+    def round_metrics(self, server_round: int) -> dict[str, float]:
+        """As the relay's, and under the trimmed mean the classes that kept their last
+        prototype because too few replies held them (``classes-unchanged``)."""
+        metrics = super().round_metrics(server_round)
+        if self.run.aggregation == Aggregation.TRIMMED_MEAN:
+            metrics["classes-unchanged"] = float(self.unchanged)
+        return metrics

@@ -106,11 +106,12 @@ def test_an_agents_step_is_the_prototype_regularized_gradient_step() -> None:
     assert reply[PROTOTYPES].shape == (run.num_classes, 8)
 
 
-def test_a_round_averages_the_agents_prototypes_by_their_class_counts() -> None:
-    config, _start, result, _, grid = tiny_rounds(1, **AGENTS, fedproto_lambda=LAMBDA)
-    total = np.zeros((config.num_classes, 8))
-    counts = np.zeros(config.num_classes)
-    for agent in range(2):
+def _agents_prototypes(config: RunConfig, grid: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each agent's class means of its eval-mode latents (agents x classes x d) and the
+    counts behind them (agents x classes), from the models the agents kept."""
+    prototypes = np.zeros((config.num_clients, config.num_classes, 8))
+    counts = np.zeros((config.num_clients, config.num_classes))
+    for agent in range(config.num_clients):
         client = client_of(config, agent, grid.contexts[grid.node_of(agent)].state)
         stored = grid.contexts[grid.node_of(agent)].state[STATE_MODEL]
         model = client.model
@@ -121,9 +122,17 @@ def test_a_round_averages_the_agents_prototypes_by_their_class_counts() -> None:
             z = model.body(torch.tensor(data.x_train)).double().numpy()
         for j in range(config.num_classes):
             held = data.y_train == j
-            total[j] += z[held].sum(axis=0)
-            counts[j] += held.sum()
-    expected = total / np.maximum(counts, 1)[:, None]
+            counts[agent, j] = held.sum()
+            if held.any():
+                prototypes[agent, j] = z[held].mean(axis=0)
+    return prototypes, counts
+
+
+def test_a_round_averages_the_agents_prototypes_by_their_class_counts() -> None:
+    config, _start, result, _, grid = tiny_rounds(1, **AGENTS, fedproto_lambda=LAMBDA)
+    prototypes, by_agent = _agents_prototypes(config, grid)
+    counts = by_agent.sum(axis=0)
+    expected = _weighted(prototypes, by_agent)
     assert np.array_equal(result[PROTOTYPE_COUNTS], counts)
     assert np.max(np.abs(result[PROTOTYPES] - expected)) < 1e-5
     assert counts.sum() > 0
@@ -139,3 +148,71 @@ def test_fedproto_needs_equal_latent_dimensions() -> None:
                 "sheaf-latent-dims": "8,16",
             }
         )
+
+
+FOUR = {**AGENTS, "num_clients": 4, "sheaf_latent_dims": "8,8,8,8", "sheaf_hidden": "64,160,64,160"}
+
+
+def _robust_oracle(
+    aggregation: str, prototypes: np.ndarray, counts: np.ndarray, trim: float, clip: float
+) -> np.ndarray:
+    """Round 1's prototypes of every class under a robust aggregation, in plain numpy,
+    over the agents holding the class: the trimmed mean (ceil(trim k) cut at each end),
+    the median, or the count-weighted mean of the prototypes' updates from round 1's
+    zeros, each scaled to at most clip x their median norm."""
+    expected = np.zeros(prototypes.shape[1:])
+    for j in range(prototypes.shape[1]):
+        held = prototypes[counts[:, j] > 0, j]
+        k = len(held)
+        if aggregation == "trimmed-mean":
+            cut = int(np.ceil(trim * k - 1e-9))
+            expected[j] = np.sort(held, axis=0)[cut : k - cut].mean(axis=0)
+        elif aggregation == "median":
+            expected[j] = np.median(held, axis=0)
+        else:
+            norms = np.linalg.norm(held, axis=1)
+            scaled = held * np.minimum(1.0, clip * np.median(norms) / norms)[:, None]
+            weights = counts[counts[:, j] > 0, j]
+            expected[j] = weights @ scaled / weights.sum()
+    return expected
+
+
+def _weighted(prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    total = np.einsum("ac,acd->cd", counts, prototypes)
+    return total / np.maximum(counts.sum(axis=0), 1)[:, None]
+
+
+@pytest.mark.parametrize("aggregation", ["trimmed-mean", "median", "clipped-mean"])
+def test_a_robust_aggregation_combines_each_class_over_the_agents_holding_it(
+    aggregation: str,
+) -> None:
+    trim, clip = 0.25, 0.9
+    config, _start, result, _, grid = tiny_rounds(
+        1,
+        **FOUR,
+        fedproto_lambda=LAMBDA,
+        aggregation=aggregation,
+        aggregation_trim=trim,
+        aggregation_clip=clip,
+    )
+    prototypes, counts = _agents_prototypes(config, grid)
+    expected = _robust_oracle(aggregation, prototypes, counts, trim, clip)
+    assert np.max(np.abs(result[PROTOTYPES] - expected)) < 1e-5
+    assert np.array_equal(result[PROTOTYPE_COUNTS], counts.sum(axis=0))
+    # The test can fail: the count-weighted mean is another point
+    assert np.max(np.abs(result[PROTOTYPES] - _weighted(prototypes, counts))) > 1e-4
+
+
+def test_a_class_held_by_too_few_replies_to_trim_keeps_its_last_prototype() -> None:
+    # Round 2 leaves out two of the four agents (non-finite prototypes): every class is
+    # held by two replies, which trim 0.25 would cut to none, so round 1's stay.
+    _config, _start, after_one, _, _ = tiny_rounds(1, **FOUR, aggregation="trimmed-mean")
+    _config, _start, after_two, _, _ = tiny_rounds(
+        2, **FOUR, aggregation="trimmed-mean", fault_injection="nan:1+2@2"
+    )
+    assert np.array_equal(after_two[PROTOTYPES], after_one[PROTOTYPES])
+    assert np.array_equal(after_two[PROTOTYPE_COUNTS], after_one[PROTOTYPE_COUNTS])
+    assert after_one[PROTOTYPE_COUNTS].sum() > 0
+    # The test can fail: without the faults, round 2 moves the prototypes
+    _config, _start, clean_two, _, _ = tiny_rounds(2, **FOUR, aggregation="trimmed-mean")
+    assert np.max(np.abs(clean_two[PROTOTYPES] - after_one[PROTOTYPES])) > 1e-4
