@@ -70,6 +70,11 @@ def trim_count(replies: int, trim: float) -> int:
     return max(0, math.ceil(trim * replies - 1e-9))
 
 
+def trims_all(replies: int, trim: float) -> bool:
+    """Whether cutting ``trim_count(replies, trim)`` at each end leaves no value."""
+    return 2 * trim_count(replies, trim) >= replies
+
+
 def trimmed_mean(arrays: Sequence[Mapping[str, np.ndarray]], trim: float) -> dict[str, np.ndarray]:
     """Coordinate-wise mean after cutting ``trim_count(k, trim)`` of the lowest and of the
     highest of the ``k`` values (Yin et al., ICML 2018). Unweighted: a client's claimed
@@ -84,7 +89,7 @@ def trimmed_mean(arrays: Sequence[Mapping[str, np.ndarray]], trim: float) -> dic
     _check_same(arrays)
     k = len(arrays)
     cut = trim_count(k, trim)
-    if 2 * cut >= k:
+    if trims_all(k, trim):
         raise AggregationError(
             f"trimmed-mean with aggregation-trim = {trim} cuts {cut} of {k} replies at "
             "each end and leaves none: lower aggregation-trim, or sample more clients"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from fedpers import algorithms, families
-from fedpers.aggregation import Aggregation, trim_count
+from fedpers.aggregation import Aggregation, trim_count, trims_all
 from fedpers.algorithms import AlgorithmSpec
 from fedpers.data.registry import DATASETS, MODEL_INPUTS, DatasetInfo
 from fedpers.data.shift import TRANSFORMS, parse_transforms
@@ -706,7 +706,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
             return
         sampled = self.clients_per_round
         cut = trim_count(sampled, self.aggregation_trim)
-        if 2 * cut >= sampled:
+        if trims_all(sampled, self.aggregation_trim):
             raise ConfigError(
                 f"run-config keys 'aggregation' = 'trimmed-mean' and 'aggregation-trim' = "
                 f"{self.aggregation_trim} cut {cut} of the {sampled} replies a round "

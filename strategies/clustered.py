@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
-from fedpers.aggregation import Aggregation, trim_count
+from fedpers.aggregation import Aggregation, trims_all
 from fedpers.families.personalized import ASSIGNMENT, CLUSTER, ClusteredFLSettings
 from fedpers.strategies import screening
 from fedpers.strategies.base import FedpersStrategy, mean_metrics
@@ -137,9 +137,9 @@ class ClusteredFL(FedpersStrategy):
         (the cluster's model, unchanged) where a trimmed mean would cut every reply, as
         it does a cluster of one or two replies at any trim: a cluster's replies are
         not known before the run, so the check before start cannot cover them."""
-        if self.run.aggregation == Aggregation.TRIMMED_MEAN and 2 * trim_count(
+        if self.run.aggregation == Aggregation.TRIMMED_MEAN and trims_all(
             len(replies), self.run.aggregation_trim
-        ) >= len(replies):
+        ):
             self.unchanged += 1
             return start
         return self.combine([m for _, m, _ in replies], [w for _, _, w in replies], start)

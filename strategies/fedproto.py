@@ -26,7 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
-from fedpers.aggregation import Aggregation, trim_count
+from fedpers.aggregation import Aggregation, trims_all
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
@@ -139,9 +139,9 @@ class FedProto(PeerRelay):
             holders = [a for a in sent if a[PROTOTYPE_COUNTS][j] > 0]
             if not holders:
                 continue
-            if self.run.aggregation == Aggregation.TRIMMED_MEAN and 2 * trim_count(
+            if self.run.aggregation == Aggregation.TRIMMED_MEAN and trims_all(
                 len(holders), self.run.aggregation_trim
-            ) >= len(holders):
+            ):
                 means[j], counts[j] = previous[j], previous_counts[j]
                 self.unchanged += 1
                 continue
