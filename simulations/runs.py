@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shutil
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -149,6 +152,22 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
 
 
+PARENT_POLL_SECONDS = 1.0
+
+
+def follow_parent(parent: int) -> None:
+    """A pool worker's initializer: the worker ends (exit status 1) within
+    ``PARENT_POLL_SECONDS`` of the script that started it, so that a script stopped by
+    SIGTERM or SIGKILL, which runs no clean-up, leaves no orphan training on."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
 def run_in_process_pool(
     runs: Sequence[Mapping[str, Any]], parallel: int, *, keep_going: bool
 ) -> list[Path | None]:
@@ -166,7 +185,13 @@ def run_in_process_pool(
     if not runs:
         return []
     context = multiprocessing.get_context("spawn")  # nothing of one run leaks into another
-    with ProcessPoolExecutor(parallel, mp_context=context, max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(
+        parallel,
+        mp_context=context,
+        max_tasks_per_child=1,
+        initializer=follow_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         futures: list[Future[Path]] = [pool.submit(run_in_process, dict(r)) for r in runs]
         done: list[Path | None] = []
         for future, overrides in zip(futures, runs, strict=True):
