@@ -235,7 +235,9 @@ class ClusteredFLSettings:
         "(some client is far from one; chosen on validation, FedEM's 1.6)",
     )
     clustered_fl_max_clusters: int = setting(
-        8, "Clustered FL: the most clusters a run may hold (the state keeps a model for each)"
+        16,
+        "Clustered FL: the most clusters a run may hold (the state keeps a model for each; "
+        "chosen on validation)",
     )
 
     def check(self) -> None:
