@@ -40,7 +40,13 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
 from fedpers.aggregation import Aggregation, trims_all
-from fedpers.families.personalized import ASSIGNMENT, CLUSTER, ClusteredFLSettings
+from fedpers.families.personalized import (
+    ASSIGNMENT,
+    CLUSTER,
+    CLUSTERS,
+    CLUSTERS_UNCHANGED,
+    ClusteredFLSettings,
+)
 from fedpers.strategies import screening
 from fedpers.strategies.base import FedpersStrategy, mean_metrics
 
@@ -188,9 +194,9 @@ class ClusteredFL(FedpersStrategy):
         """The clusters in use after the round (``clusters``) and, under the trimmed
         mean, those left unchanged because it would cut all their replies
         (``clusters-unchanged``)."""
-        metrics = {**super().round_metrics(server_round), "clusters": float(self.clusters)}
+        metrics = {**super().round_metrics(server_round), CLUSTERS: float(self.clusters)}
         if self.run.aggregation == Aggregation.TRIMMED_MEAN:
-            metrics["clusters-unchanged"] = float(self.unchanged)
+            metrics[CLUSTERS_UNCHANGED] = float(self.unchanged)
         return metrics
 
 

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from fedpers import protocol, records
 from fedpers.aggregation import Aggregation, trims_all
 from fedpers.families import sheaf as sheaf_family
-from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
+from fedpers.families.sheaf import CLASSES_UNCHANGED, PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
 from fedpers.strategies.base import mean_metrics
 from fedpers.strategies.peer_relay import PeerRelay
@@ -158,5 +158,5 @@ class FedProto(PeerRelay):
         prototype because too few replies held them (``classes-unchanged``)."""
         metrics = super().round_metrics(server_round)
         if self.run.aggregation == Aggregation.TRIMMED_MEAN:
-            metrics["classes-unchanged"] = float(self.unchanged)
+            metrics[CLASSES_UNCHANGED] = float(self.unchanged)
         return metrics

@@ -259,6 +259,10 @@ TASK = "task."
 # seen client's cluster (float64, one entry per partition) under ASSIGNMENT.
 CLUSTER = "cluster."
 ASSIGNMENT = "clusters.assignment"
+# ... and records, each round, the clusters in use and (under the trimmed mean) those
+# too small to trim, which kept their model.
+CLUSTERS = "clusters"
+CLUSTERS_UNCHANGED = "clusters-unchanged"
 
 
 def is_control(name: str) -> bool:

@@ -272,6 +272,9 @@ MAP = "map"  # an edge's restriction map, relayed from the endpoint that compute
 NEIGHBOURS = "neighbours"  # query.transport: the agent's neighbours (int64 array)
 PROTOTYPES = "prototypes"  # FedProto: class prototypes (classes x d), both ways
 PROTOTYPE_COUNTS = "prototype-counts"  # FedProto: the samples behind each prototype
+# FedProto, in rounds.jsonl under the trimmed mean: classes too few replies held, which
+# kept their last prototype
+CLASSES_UNCHANGED = "classes-unchanged"
 PROJECTION = "projection"  # Sheaf-FMTL: P_ij theta_i, an agent's parameters on an edge
 REPRESENTATIONS = "representations"  # FedMuscle: unit-norm latents of the round's pilots
 
