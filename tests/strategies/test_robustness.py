@@ -132,6 +132,24 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
     assert all(_well_formed(state, states[0]) for state in states)
 
 
+@pytest.mark.parametrize("aggregation", ["trimmed-mean", "median", "clipped-mean"])
+@pytest.mark.parametrize("family", EXCHANGES)
+def test_the_rows_own_exchanges_run_under_every_robust_aggregation(
+    family: str, aggregation: str
+) -> None:
+    # A flipped update in round 1 (left out by update-cap, or by FedProto's counts),
+    # noise in round 2, a clean round 3: every round adopts a state (none is voided by
+    # an aggregation that cannot be made), and every state is well formed.
+    spec = f"sign-flip=100:{FAULTY}@1,noise=0.1:{FAULTY}@2"
+    values = {**FAMILIES[family], "aggregation": aggregation, "aggregation_trim": 0.25}
+    _strategy, (records, states) = _run(values, spec, rounds=3)
+    assert [r.round for r in records] == [1, 2, 3]
+    for record in records:
+        assert not any("not adopted" in r for r in record.rejections), record.rejections
+        assert record.replies >= 3
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
 def test_every_attack_on_prototypes_is_exposed_by_their_counts() -> None:
     # FedProto's reply is a prototype and a count per class: a sign flip or noise makes
     # the counts negative or fractional, and a claimed size other than their sum is a lie
