@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run_grid(
         args, values, dims, lambda d: {"sheaf-latent-dims": f"{d},{d}"}, "d", baselines
     )
-    title = f"Sheaf-FRL bottleneck, 2 agents, s = 0.9, lambda {values['sheaf-lambda']}"
+    title = (
+        f"Sheaf-FRL bottleneck, 2 agents, s = {values['sheaf-shift']}, "
+        f"lambda {values['sheaf-lambda']}"
+    )
     table = report(args.out, result, dims, "d", title)
     print(f"\n{table}\nresults: {args.out}")
     return result
