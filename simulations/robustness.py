@@ -193,8 +193,6 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
         "fedgmm": schedule("fedgmm", MALFORMED + MIXTURE_MALFORMED + ATTACKS),
         "sheaf-frl": schedule("sheaf-frl", PILOT_KINDS),
     }
-    if not quick:
-        runs.update({name: schedule(name, MALFORMED + ATTACKS) for name in COMPARISON_FAMILIES})
     if quick:  # a few kinds of each family, enough to exercise every path
         keep = {"nan", "rename", "corrupt-data", "huge", "sign-flip=100", "inflate"}
         keep |= {"non-psd", "responsibilities", "pilots-scale", "raise"}
@@ -205,6 +203,8 @@ def fuzz_cases(quick: bool) -> dict[str, list[Case]]:
                 Case(c.family, c.kind, c.partition, r, c.expect)
                 for r, c in enumerate(chosen, start=1)
             ]
+    else:
+        runs.update({name: schedule(name, MALFORMED + ATTACKS) for name in COMPARISON_FAMILIES})
     # Start-up answers (round 0) are screened in the FedGMM run, before its first round
     runs["fedgmm"] += [
         Case("fedgmm", kind, partition, 0, "rejected")

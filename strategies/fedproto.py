@@ -8,13 +8,12 @@ replies' prototypes weighted by the samples behind each,
 a class no reply holds keeping none (count 0). Under a robust ``aggregation`` each
 class's prototype is the trimmed mean, median or clipped mean of its holders' instead
 (``robust_prototypes``; a class held by too few replies to trim keeps its last one,
-counted in ``classes-unchanged``).
-The counts are bounded as weights are: their sum must be the reply's ``num-examples``,
-which its node's registered size caps (the counts scale with the cap). A reply's
-prototypes may be at most ``screening.HUGE`` times the largest global prototype sent (at
-least 1). After the last round the agents are aligned and their communication accuracy measured
-(``PeerRelay.final_test``), whitened on their training latents as the paper's baselines
-are and on the pilots as Sheaf-FRL is.
+counted in ``classes-unchanged``). The counts are bounded as weights are: their sum must
+be the reply's ``num-examples``, which its node's registered size caps (the counts scale
+with the cap). A reply's prototypes may be at most ``screening.HUGE`` times the largest
+global prototype sent (at least 1). After the last round the agents are aligned and
+their communication accuracy measured (``PeerRelay.final_test``), whitened on their
+training latents as the paper's baselines are and on the pilots as Sheaf-FRL is.
 """
 
 from __future__ import annotations
@@ -111,8 +110,9 @@ class FedProto(PeerRelay):
             sent = screening.arrays_of(reply)
             total += sent[PROTOTYPE_COUNTS][:, None] * sent[PROTOTYPES].astype(np.float64)
             counts += sent[PROTOTYPE_COUNTS]
-        means = total / np.maximum(counts, 1.0)[:, None]
-        if self.run.aggregation != Aggregation.MEAN:
+        if self.run.aggregation == Aggregation.MEAN:
+            means = total / np.maximum(counts, 1.0)[:, None]
+        else:
             means, counts = self.robust_prototypes(valid, counts)
         record = ArrayRecord(
             {
