@@ -42,7 +42,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedpers import privacy, protocol, records
-from fedpers.aggregation import aggregate
+from fedpers.aggregation import Aggregation, aggregate, trims_all
 from fedpers.algorithms import FinalTest
 from fedpers.checkpoint import ResumeError
 from fedpers.config import LrSchedule, RunConfig
@@ -377,6 +377,14 @@ class FedpersStrategy(Strategy):
                 "an adaptive clip cannot continue from it; start the run afresh"
             )
         self.clip = self.applied_clip = float(last)
+
+    def trims_every_reply(self, replies: int) -> bool:
+        """Whether the run's trimmed mean would cut all of ``replies`` (never under the
+        other aggregations): for a group whose size is known only during the run (a
+        cluster, a class), which then keeps what it had."""
+        return self.run.aggregation == Aggregation.TRIMMED_MEAN and trims_all(
+            replies, self.run.aggregation_trim
+        )
 
     def combine(
         self,

@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
-from fedpers.aggregation import Aggregation, trims_all
+from fedpers.aggregation import Aggregation
 from fedpers.families.personalized import (
     ASSIGNMENT,
     CLUSTER,
@@ -143,9 +143,7 @@ class ClusteredFL(FedpersStrategy):
         (the cluster's model, unchanged) where a trimmed mean would cut every reply, as
         it does a cluster of one or two replies at any trim: a cluster's replies are
         not known before the run, so the check before start cannot cover them."""
-        if self.run.aggregation == Aggregation.TRIMMED_MEAN and trims_all(
-            len(replies), self.run.aggregation_trim
-        ):
+        if self.trims_every_reply(len(replies)):
             self.unchanged += 1
             return start
         return self.combine([m for _, m, _ in replies], [w for _, _, w in replies], start)

@@ -25,7 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
-from fedpers.aggregation import Aggregation, trims_all
+from fedpers.aggregation import Aggregation
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import CLASSES_UNCHANGED, PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
@@ -139,9 +139,7 @@ class FedProto(PeerRelay):
             holders = [a for a in sent if a[PROTOTYPE_COUNTS][j] > 0]
             if not holders:
                 continue
-            if self.run.aggregation == Aggregation.TRIMMED_MEAN and trims_all(
-                len(holders), self.run.aggregation_trim
-            ):
+            if self.trims_every_reply(len(holders)):
                 means[j], counts[j] = previous[j], previous_counts[j]
                 self.unchanged += 1
                 continue

@@ -20,6 +20,13 @@ from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, tiny_rounds, training_tensors
 
 Params = dict[str, torch.Tensor]
+# Criteria that hold at once: round 1 splits the one cluster in two
+SPLIT_AT_ONCE = {
+    "algorithm": "clustered-fl",
+    "clustered_fl_eps1": 1e9,
+    "clustered_fl_eps2": 0.0,
+    "clustered_fl_max_clusters": 2,
+}
 
 
 def _local(config: RunConfig, partition: int, start: Params) -> Params:
@@ -80,13 +87,7 @@ def _gap(a: dict[str, np.ndarray], b: Params) -> float:
 
 
 def test_a_cluster_splits_by_complete_linkage_and_each_half_averages_its_own() -> None:
-    config, start, result, _, _ = tiny_rounds(
-        2,
-        algorithm="clustered-fl",
-        clustered_fl_eps1=1e9,
-        clustered_fl_eps2=0.0,
-        clustered_fl_max_clusters=2,
-    )
+    config, start, result, _, _ = tiny_rounds(2, **SPLIT_AT_ONCE)
     models, assignment = _clustered_oracle(config, _cluster(start, 0))
     assert sorted(set(assignment)) == [0, 1]  # the oracle split the four clients
     assert result[ASSIGNMENT].tolist() == assignment
@@ -117,13 +118,7 @@ def test_under_the_trimmed_mean_a_cluster_too_small_to_trim_keeps_its_model() ->
     # of one or two replies would be cut to nothing and keeps the model it started from,
     # and a half of three becomes the coordinate-wise median of its three models.
     config, start, result, _, _ = tiny_rounds(
-        1,
-        algorithm="clustered-fl",
-        clustered_fl_eps1=1e9,
-        clustered_fl_eps2=0.0,
-        clustered_fl_max_clusters=2,
-        aggregation="trimmed-mean",
-        aggregation_trim=0.25,
+        1, **SPLIT_AT_ONCE, aggregation="trimmed-mean", aggregation_trim=0.25
     )
     initial = {k: torch.tensor(v, dtype=torch.float64) for k, v in _cluster(start, 0).items()}
     trained = [_local(config, p, initial) for p in range(config.num_clients)]
