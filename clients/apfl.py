@@ -32,8 +32,8 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import APFLSettings
+from fedpers.legacy_training import SGD, dropout_stream, evaluate, mini_batches
 from fedpers.models import part_arrays
-from fedpers.training import SGD, dropout_stream, evaluate, mini_batches
 
 STATE_ALPHA = "fedpers.apfl.alpha"  # this client's mixing weight, in context.state
 ALPHA = "alpha"

@@ -25,16 +25,17 @@ from fedpers import protocol, records
 from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, adaptation_split, client_data
+from fedpers.legacy_training import train as legacy_train
 from fedpers.models import build_model, load_part_arrays, part_arrays
 from fedpers.seeding import int_seed
 from fedpers.training import (
     EvalStats,
     SGDSettings,
-    evaluate,
     random_crop_flip,
     resolve_device,
-    train,
+    train_model,
 )
+from fedpers.training import evaluate_model as evaluate
 
 AUGMENTED_DATASETS = ("cifar10", "cifar100")
 # A term added to a local step's loss, called with the step's generator (``train``).
@@ -149,7 +150,8 @@ class PersonalizedClient(TorchClient):
         penalty = self.penalty(arrays)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
-            stats = train(
+            run_train = legacy_train if penalty is not None else train_model
+            stats = run_train(  # type: ignore[operator]
                 self.model,
                 x,
                 y,
@@ -158,7 +160,7 @@ class PersonalizedClient(TorchClient):
                 settings=settings,
                 generator=generator,
                 augment=self.augment,
-                penalty=penalty,
+                **({"penalty": penalty} if penalty is not None else {}),
             )
             loss = stats.loss if stats.steps else loss
         if self.personal:
@@ -194,7 +196,7 @@ class PersonalizedClient(TorchClient):
             return self._metrics(evaluate(self.model, self.tensor(x), self.tensor(y)))
         finetune_epochs = config_int(config, protocol.FINETUNE_EPOCHS, default=0)
         if finetune_epochs > 0:
-            train(
+            train_model(
                 self.model,
                 self.tensor(self.data.x_train),
                 self.tensor(self.data.y_train),

@@ -38,8 +38,8 @@ from fedpers.clients.sheaf import SheafClient
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, ComFedSettings, Whitening
+from fedpers.legacy_training import SGD, dropout_stream, mini_batches
 from fedpers.seeding import rng
-from fedpers.training import SGD, dropout_stream, mini_batches
 
 STATE_PROJECTION = "comfed.projection"
 

@@ -17,7 +17,7 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import DittoSettings
-from fedpers.training import evaluate, train
+from fedpers.legacy_training import evaluate, train
 
 
 class DittoClient(PersonalizedClient):

@@ -22,7 +22,8 @@ from fedpers import protocol
 from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_float, config_int
 from fedpers.data.client import adaptation_split
-from fedpers.training import evaluate, train
+from fedpers.training import evaluate_model as evaluate
+from fedpers.training import train_model as train
 
 
 class FedAvgPlusClient(PersonalizedClient):

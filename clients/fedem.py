@@ -26,7 +26,7 @@ from fedpers.data.client import adaptation_split
 from fedpers.families import mixture as mixture_family
 from fedpers.models import SplitModel, build_model, load_part_arrays, part_arrays
 from fedpers.seeding import int_seed
-from fedpers.training import train
+from fedpers.training import train_model as train
 
 
 class FedEMClient(TorchClient):

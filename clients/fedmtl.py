@@ -38,8 +38,8 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import TASKS, FedMTLSettings
+from fedpers.legacy_training import evaluate, train
 from fedpers.models import part_arrays
-from fedpers.training import evaluate, train
 
 
 class FedMTLClient(PersonalizedClient):

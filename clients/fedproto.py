@@ -31,7 +31,7 @@ from fedpers.clients.sheaf import SheafClient
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, FedProtoSettings
-from fedpers.training import SGD, dropout_stream, mini_batches
+from fedpers.legacy_training import SGD, dropout_stream, mini_batches
 
 
 class FedProtoClient(SheafClient):

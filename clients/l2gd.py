@@ -32,7 +32,8 @@ from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import AGGREGATE, L2GDSettings
 from fedpers.models import load_part_arrays, part_arrays
-from fedpers.training import evaluate, train
+from fedpers.training import evaluate_model as evaluate
+from fedpers.training import train_model as train
 
 
 class L2GDClient(PersonalizedClient):

@@ -34,8 +34,8 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import PerFedAvgSettings
+from fedpers.legacy_training import SGD, dropout_stream, evaluate
 from fedpers.models import part_arrays
-from fedpers.training import SGD, dropout_stream, evaluate
 
 
 class PerFedAvgClient(PersonalizedClient):

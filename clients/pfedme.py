@@ -28,8 +28,8 @@ from fedpers.clients.base import PersonalizedClient
 from fedpers.clients.common import Arrays, Metrics, config_int
 from fedpers.config import RunConfig
 from fedpers.families.personalized import PFedMeSettings
+from fedpers.legacy_training import dropout_stream, evaluate, mini_batches
 from fedpers.models import load_part_arrays, part_arrays
-from fedpers.training import dropout_stream, evaluate, mini_batches
 
 
 class PFedMeClient(PersonalizedClient):

@@ -29,10 +29,10 @@ from fedpers.config import RunConfig
 from fedpers.data.client import pilot_data
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import SheafVariant
+from fedpers.legacy_training import evaluate, train
 from fedpers.models.agents import build_agent, pilot_whitening
 from fedpers.protocol import MODEL_PARTS
 from fedpers.seeding import int_seed
-from fedpers.training import evaluate, train
 
 STATE_MODEL = "sheaf.model"
 STATE_MAPS = "sheaf.maps"

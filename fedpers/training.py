@@ -1,32 +1,58 @@
-"""The one training loop and the one evaluation loop, used by every client.
+"""The one training loop and the one evaluation loop, for a cohort of clients.
 
-An algorithm's local update is a sequence of calls to ``train`` that differ only in
-which model parts are trainable (FedRep: the head, then the body; FedPer and FedAvg:
-both at once). Parts that are not trainable are truly frozen: they are left out of the
-optimizer, so neither momentum nor weight decay can move them, and autograd does not
-compute their gradients.
+A cohort is K clients of one model architecture trained together: their models are one
+``Stack`` (every parameter and buffer stacked along a first axis of length K), their
+data one ``CohortData`` (padded to the longest), and every step of ``train`` is one
+computation for all of them. An algorithm writes its local update once, for a cohort;
+a device runs it with K = 1, a simulation with whole cohorts (``fedpers.cohort``).
 
-The optimizer is ``SGD`` below, not ``torch.optim.SGD``: the same update (on the CPU
-the very same tensor operations, so the same bits: tests/fedpers/test_training.py
-checks it against torch's), without what a single-device loop does not use. Creating a
-``torch.optim`` optimizer imports ``torch._dynamo`` (2 s of processor time on an idle
-core here, 4-5 s on a loaded one) in every fresh process: every ClientApp that Flower
-starts cold, and every Ray actor of a simulation; and its ``step`` wrapper (profiler
-records, grad-mode switches, dynamo graph breaks) cost more than the update itself for
-the small models here (0.45 ms against 0.19 ms a step, cProfile of the FedGMM scripts).
+What keeps a client's result its own, whatever cohort it trains in:
+
+- **Its own random streams.** Each client passes its own ``torch.Generator``; its
+  mini-batch order, augmentation and any per-step draws are taken from it in the order a
+  loop over that client alone would take them (``client_steps``), and the masks of its
+  dropout layers from a generator seeded by one draw from it (``DropoutMasks``). Nothing
+  draws from torch's global generator.
+- **Its own steps.** Clients with fewer samples take fewer and shorter steps: a step's
+  missing rows are masked out of the loss (``Batch.weight``), and a client without a
+  batch in a step is not moved by it (``SGD.step``'s ``active``), neither by weight decay
+  nor by momentum.
+- **Its own gradient.** The cohort's loss is the sum of the clients' losses, and each
+  client's parameters enter only its own loss, so the gradient of the sum is each
+  client's own gradient; clipping (``max_grad_norm``) is per client.
+
+With K = 1 every function below does the operations a loop over that one client does
+(no padding, no vmap: ``per_client`` calls the client's function directly), so a
+device's update is the same bits as the loop fedpers ran before cohorts
+(tests/fedpers/test_training.py keeps that loop as its oracle). With K > 1 the model is
+mapped over the clients with ``torch.func.vmap``, and results agree with K = 1 up to
+floating-point reassociation (the cohort tests compare them to 1e-5 in float64).
+
+Parts that are not trainable are truly frozen: autograd computes no gradient for them
+and the optimizer never sees them, so neither momentum nor weight decay can move them.
+
+The optimizer is ``SGD`` below, not ``torch.optim.SGD``: the same update (on the CPU the
+very same tensor operations, so the same bits: the tests check it against torch's),
+over stacked tensors. Creating a ``torch.optim`` optimizer imports ``torch._dynamo``
+(2-5 s of processor time) in every fresh process, and its ``step`` wrapper cost more
+than the update itself for the small models here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import contextlib
+import contextvars
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call, vmap
 from torch.nn import functional as F
-
-from fedpers.seeding import seed_torch
+from torch.utils import _pytree as pytree
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,34 +94,516 @@ class SGDSettings:
     batch_size: int
 
 
-class SGD:
-    """Heavy-ball SGD with decoupled-from-biases L2 decay: ``torch.optim.SGD`` as
-    ``train`` used it (two parameter groups: tensors of 2 or more dimensions with
-    ``weight_decay``, the rest without; no dampening, no Nesterov), its single-tensor
-    update written out.
+# ----------------------------------------------------------------------------- models
+class ReplayDropout(nn.Module):
+    """``nn.Dropout`` whose masks are given, not drawn: in training mode it multiplies
+    by the next mask of the current ``replay`` (drawn by ``DropoutMasks`` from the
+    client's own generator) and scales by ``1 / (1 - p)``, the operations and bits of
+    torch's dropout on the CPU; in evaluation mode it is the identity."""
 
-    For each parameter ``p`` with a gradient ``g``, in order: ``g = g + wd * p`` (a new
-    tensor) when ``wd != 0``; with momentum, ``b = g`` (a copy) at the first step and
-    ``b = momentum * b + g`` after, and ``g = b``; then ``p -= lr * g``.
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        masks = _MASKS.get()
+        if masks is None:
+            raise RuntimeError(
+                "a dropout layer ran in training mode outside fedpers.training.replay: a "
+                "cohort's forward passes take their masks from DropoutMasks"
+            )
+        if masks.recording is not None:
+            masks.recording.append((self.p, tuple(x.shape[1:])))
+            return x
+        return x * next(masks.queue) * (1.0 / (1.0 - self.p))
+
+
+@dataclass
+class _Replay:
+    queue: Iterator[torch.Tensor]
+    recording: list[tuple[float, tuple[int, ...]]] | None = None
+
+
+_MASKS: contextvars.ContextVar[_Replay | None] = contextvars.ContextVar("masks", default=None)
+
+
+@contextlib.contextmanager
+def replay(masks: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Within it, the dropout layers of a forward pass take ``masks``, in order."""
+    token = _MASKS.set(_Replay(iter(masks)))
+    try:
+        yield
+    finally:
+        _MASKS.reset(token)
+
+
+def _template(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every ``nn.Dropout`` replaced by a ``ReplayDropout``: the
+    module a cohort's stacked tensors are called through."""
+    template = copy.deepcopy(model)
+    for parent in list(template.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Dropout:
+                setattr(parent, name, ReplayDropout(child.p))
+    return template
+
+
+class Stack:
+    """K models of one architecture: a template module and every parameter and buffer
+    stacked along a first axis of length K (``tensors``, named as in ``state_dict``).
+
+    Parameters
+    ----------
+    template : nn.Module
+        The architecture (its own values are never used); see ``Stack.of``.
+    tensors : dict of str to torch.Tensor
+        Every entry of the template's ``state_dict``, with a leading axis K.
     """
 
-    def __init__(self, params: list[nn.Parameter], settings: SGDSettings) -> None:
-        self.params = params
-        self.decay = [settings.weight_decay if p.ndim >= 2 else 0.0 for p in params]
+    def __init__(self, template: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        self.template = template
+        self.tensors = tensors
+        self.size = len(next(iter(tensors.values()))) if tensors else 0
+        self.parameter_names = [name for name, _ in template.named_parameters()]
+
+    @classmethod
+    def of(
+        cls,
+        model: nn.Module,
+        arrays: Sequence[Mapping[str, np.ndarray]],
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Stack:
+        """K copies of ``model``, client ``k``'s values overwritten by ``arrays[k]`` (any
+        subset of the model's names; the others keep ``model``'s values). ``dtype``
+        casts the floating-point tensors (float64 for the cohort tests)."""
+        state = model.state_dict()
+        for k, given in enumerate(arrays):
+            unknown = sorted(set(given) - set(state))
+            if unknown:
+                raise KeyError(f"client {k}: the model has no parameter {unknown[:3]}")
+        tensors = {}
+        for name, value in state.items():
+            rows = []
+            for given in arrays:
+                if name in given:
+                    row = torch.as_tensor(given[name])
+                    if tuple(row.shape) != tuple(value.shape):
+                        raise ValueError(
+                            f"parameter '{name}' has shape {tuple(value.shape)}, "
+                            f"received {tuple(row.shape)}"
+                        )
+                    rows.append(row.to(value.dtype))
+                else:
+                    rows.append(value.detach())
+            stacked = torch.stack(rows) if rows else value.detach()[None][:0]
+            if dtype is not None and stacked.is_floating_point():
+                stacked = stacked.to(dtype)
+            tensors[name] = stacked.to(device) if device is not None else stacked
+        template = _template(model)
+        if dtype is not None:
+            template = template.to(dtype)
+        if device is not None:
+            template = template.to(device)
+        return cls(template, tensors)
+
+    def names(self, parts: Sequence[str]) -> list[str]:
+        """The parameters (not buffers) whose first name component is one of ``parts``."""
+        return [n for n in self.parameter_names if n.split(".", 1)[0] in parts]
+
+    def arrays(
+        self, parts: Sequence[str], dtype: np.dtype | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        """Every client's entries of ``parts`` (parameters and buffers) as numpy arrays
+        (in the model's own dtype, or ``dtype``)."""
+        chosen = [n for n in self.tensors if n.split(".", 1)[0] in parts]
+        host = {n: self.tensors[n].detach().cpu().numpy() for n in chosen}
+        out = []
+        for k in range(self.size):
+            row = {}
+            for n in chosen:
+                value = host[n][k]
+                row[n] = np.array(value, dtype=dtype if dtype is not None else value.dtype)
+            out.append(row)
+        return out
+
+    def load(self, k: int, model: nn.Module) -> None:
+        """Copy client ``k``'s values into ``model`` (a module of the same architecture)."""
+        state = model.state_dict()
+        with torch.no_grad():
+            for name, value in self.tensors.items():
+                state[name].copy_(value[k])
+
+    def copy(self) -> Stack:
+        """A stack of the same architecture with copies of the tensors."""
+        return Stack(self.template, {n: t.detach().clone() for n, t in self.tensors.items()})
+
+    def select(self, index: torch.Tensor) -> Stack:
+        """The clients ``index`` (copies), in that order."""
+        return Stack(self.template, {n: t[index] for n, t in self.tensors.items()})
+
+    @property
+    def has_dropout(self) -> bool:
+        return any(isinstance(m, ReplayDropout) and m.p > 0 for m in self.template.modules())
+
+
+class View:
+    """One client's model inside a cohort computation: called as the model, or one of
+    its parts (``part("body", x)``), with that client's tensors (under ``vmap``, the
+    tensors of every client at once)."""
+
+    def __init__(self, template: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.template = template
+        self.tensors = tensors
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.template, dict(self.tensors), (x,))
+
+    def part(self, part: str, x: torch.Tensor) -> torch.Tensor:
+        prefix = part + "."
+        own = {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        return functional_call(getattr(self.template, part), own, (x,))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+def per_client(
+    fn: Callable[..., Any], tensors: Mapping[str, torch.Tensor], *args: Any, size: int
+) -> Any:
+    """``fn(client_tensors, *client_args)`` for every client, stacked: the arguments'
+    leaves are tensors with a leading axis ``size`` (any nesting of lists, tuples and
+    dicts). ``torch.func.vmap`` over the clients when ``size > 1``; for one client a
+    plain call on its slice, the operations a loop over that client does. ``fn``
+    returns a tensor or a tuple of tensors; the results have the leading axis."""
+    if size == 1:
+        own = {name: value[0] for name, value in tensors.items()}
+        result = fn(own, *pytree.tree_map(_first, list(args)))
+        return pytree.tree_map(lambda r: r.unsqueeze(0), result)
+    in_dims = (0, *(None if a is None else 0 for a in args))
+    return vmap(fn, in_dims=in_dims, randomness="error")(dict(tensors), *args)
+
+
+def _first(leaf: Any) -> Any:
+    return None if leaf is None else leaf[0]
+
+
+# --------------------------------------------------------------------------- dropout
+class DropoutMasks:
+    """Each client's dropout masks, from its own generator, in the order and shapes
+    torch's global generator would give them to a model trained alone: every training
+    forward pass draws one mask per dropout layer, in the order the layers run, of the
+    shape of that layer's input (the batch's rows, then the layer's own shape)."""
+
+    def __init__(self, stack: Stack, seeds: Sequence[int | None], sample: torch.Tensor) -> None:
+        self.generators = [
+            None if seed is None else torch.Generator().manual_seed(seed) for seed in seeds
+        ]
+        self.layers: list[tuple[float, tuple[int, ...]]] = []
+        if stack.has_dropout:
+            recording: list[tuple[float, tuple[int, ...]]] = []
+            token = _MASKS.set(_Replay(iter(()), recording))
+            try:
+                with torch.no_grad(), training_mode(stack.template, True):
+                    first = {n: t[0] for n, t in stack.tensors.items()}
+                    functional_call(stack.template, first, (sample[:1],))
+            finally:
+                _MASKS.reset(token)
+            self.layers = recording
+
+    def draw(self, sizes: Sequence[int], width: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """The masks of one training forward pass of every client: client ``k`` draws
+        ``sizes[k]`` rows (none for 0), padded with zeros to ``width`` rows."""
+        masks = []
+        for p, shape in self.layers:
+            rows = []
+            for generator, size in zip(self.generators, sizes, strict=True):
+                mask = torch.zeros((width, *shape), dtype=like.dtype)
+                if size and generator is not None:
+                    mask[:size] = torch.empty((size, *shape), dtype=like.dtype).bernoulli_(
+                        1 - p, generator=generator
+                    )
+                rows.append(mask)
+            masks.append(torch.stack(rows).to(like.device))
+        return masks
+
+
+@contextlib.contextmanager
+def training_mode(module: nn.Module, mode: bool) -> Iterator[None]:
+    """Within it, ``module`` (and every submodule) is in training mode ``mode``; each
+    module's own mode is restored after."""
+    before = [(m, m.training) for m in module.modules()]
+    module.train(mode)
+    try:
+        yield
+    finally:
+        for m, was in before:
+            m.training = was
+
+
+def dropout_seed(generator: torch.Generator) -> int:
+    """The seed of a client's dropout masks: one draw from its training generator,
+    before any other (as every loop fedpers ran took it)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator))
+
+
+# ------------------------------------------------------------------------------ data
+@dataclass
+class CohortData:
+    """K clients' samples on one device, padded to the longest: ``x`` (K, N, ...),
+    ``y`` (K, N) and the real counts."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    counts: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        xs: Sequence[np.ndarray | torch.Tensor],
+        ys: Sequence[np.ndarray | torch.Tensor],
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> CohortData:
+        """Stack the clients' arrays, zero-padded (the counts say which rows are real)."""
+        counts = [len(y) for y in ys]
+        width = max(counts, default=0)
+        xs = [torch.as_tensor(x) for x in xs]
+        ys = [torch.as_tensor(y) for y in ys]
+        if all(c == width for c in counts):
+            x, y = torch.stack(xs), torch.stack(ys)
+        else:
+            x = torch.zeros((len(xs), width, *xs[0].shape[1:]), dtype=xs[0].dtype)
+            y = torch.zeros((len(ys), width), dtype=ys[0].dtype)
+            for k, (xk, yk) in enumerate(zip(xs, ys, strict=True)):
+                x[k, : len(yk)] = xk
+                y[k, : len(yk)] = yk
+        if dtype is not None and x.is_floating_point():
+            x = x.to(dtype)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        return cls(x, y, counts)
+
+    @property
+    def size(self) -> int:
+        return len(self.counts)
+
+
+class Augment(Protocol):
+    """A training-time transform of a batch: its random parameters are drawn per
+    client from the client's generator (``draw``), then applied to the cohort's batch
+    (``apply``, rows of padding included)."""
+
+    def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """The parameters of ``n`` samples."""
+        ...
+
+    def apply(self, xb: torch.Tensor, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``xb`` (K, B, ...) transformed by ``params`` (each (K, B))."""
+        ...
+
+
+@dataclass(frozen=True)
+class RandomCropFlip:
+    """CIFAR augmentation of the FedRep paper: random crop with zero padding, h-flip."""
+
+    padding: int = 4
+
+    def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        dy = torch.randint(0, 2 * self.padding + 1, (n,), generator=generator)
+        dx = torch.randint(0, 2 * self.padding + 1, (n,), generator=generator)
+        flip = torch.rand(n, generator=generator) < 0.5
+        return dy, dx, flip
+
+    def apply(self, xb: torch.Tensor, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        shape = xb.shape
+        flat = xb.reshape(-1, *shape[2:])
+        dy, dx, flip = (p.reshape(-1).to(xb.device) for p in params)
+        n, channels, h, w = flat.shape
+        pad = self.padding
+        padded = F.pad(flat, (pad, pad, pad, pad))
+        rows = (dy[:, None] + torch.arange(h, device=xb.device)[None, :])[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=xb.device)[None, :])[:, None, None, :]
+        batch = torch.arange(n, device=xb.device)[:, None, None, None]
+        chans = torch.arange(channels, device=xb.device)[None, :, None, None]
+        out = padded[batch, chans, rows, cols]
+        out[flip] = out[flip].flip(-1)
+        return out.reshape(shape)
+
+    def __call__(self, xb: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """One client's batch (B, ...) augmented with draws from ``generator``."""
+        params = self.draw(len(xb), generator)
+        return self.apply(xb[None], tuple(p[None] for p in params))[0]
+
+
+def random_crop_flip(padding: int = 4) -> RandomCropFlip:
+    """CIFAR augmentation of the FedRep paper: random crop with zero padding, h-flip."""
+    return RandomCropFlip(padding)
+
+
+# --------------------------------------------------------------------------- batches
+@dataclass
+class ClientStep:
+    """One client's mini-batch of one step: its sample indices, its augmentation's and
+    its objective's draws, and whether it is in the client's last epoch."""
+
+    index: torch.Tensor
+    augment: tuple[torch.Tensor, ...] | None = None
+    extra: Any = None
+    last_epoch: bool = True
+
+
+def client_steps(
+    count: int,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    *,
+    augment: Augment | None = None,
+    extra: Callable[[torch.Generator], Any] | None = None,
+) -> list[ClientStep]:
+    """One client's mini-batches of ``epochs`` passes over ``count`` samples, drawn from
+    its generator in the order a loop over it alone draws them: each pass's order when
+    the pass begins, then for each batch its augmentation, then ``extra`` (an
+    objective's own draw, e.g. a batch of pilots). None without samples."""
+    steps = []
+    for epoch in range(epochs if count else 0):
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count, batch_size):
+            index = order[start : start + batch_size]
+            drawn = augment.draw(len(index), generator) if augment is not None else None
+            more = extra(generator) if extra is not None else None
+            steps.append(ClientStep(index, drawn, more, epoch == epochs - 1))
+    return steps
+
+
+@dataclass
+class Batch:
+    """One step of a cohort: every client's mini-batch (K, B, ...), padded.
+
+    ``weight`` is 1 on a client's real rows and 0 on padding (times the samples'
+    weights where the loss weighs them); ``count`` the client's real rows (at least 1,
+    so that a client without a batch has a loss of 0, not NaN); ``active`` which clients
+    have a batch; ``sizes`` their batch sizes (0: none).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    count: torch.Tensor
+    active: torch.Tensor
+    sizes: list[int]
+    index: torch.Tensor
+    extra: Any = None
+    last_epoch: list[bool] = field(default_factory=list)
+    masks: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def full(self) -> bool:
+        """Whether every client has a batch of the same size (nothing to mask)."""
+        return len(set(self.sizes)) == 1 and self.sizes[0] > 0
+
+
+def assemble(
+    data: CohortData,
+    steps: Sequence[ClientStep | None],
+    *,
+    sample_weights: torch.Tensor | None = None,
+    augment: Augment | None = None,
+) -> Batch:
+    """The cohort's batch of one step from every client's ``ClientStep`` (None: no
+    batch for that client)."""
+    size = data.size
+    sizes = [0 if s is None else len(s.index) for s in steps]
+    width = max(sizes, default=0)
+    device = data.x.device
+    index = torch.zeros((size, width), dtype=torch.long)
+    real = torch.zeros((size, width), dtype=torch.bool)
+    for k, step in enumerate(steps):
+        if step is not None:
+            index[k, : sizes[k]] = step.index
+            real[k, : sizes[k]] = True
+    index, real = index.to(device), real.to(device)
+    rows = torch.arange(size, device=device)[:, None]
+    if size == 1:  # the client's own rows, gathered as a loop over it gathers them
+        xb, yb = data.x[0][index[0]][None], data.y[0][index[0]][None]
+    else:
+        xb, yb = data.x[rows, index], data.y[rows, index]
+    if augment is not None:
+        drawn = [s.augment if s is not None else None for s in steps]
+        params = []
+        for j in range(len(next(d for d in drawn if d is not None))):
+            column = torch.zeros((size, width), dtype=next(d for d in drawn if d)[j].dtype)
+            for k, d in enumerate(drawn):
+                if d is not None:
+                    column[k, : sizes[k]] = d[j]
+            params.append(column)
+        xb = augment.apply(xb, tuple(params))
+    weight = real.to(xb.dtype if xb.is_floating_point() else torch.float32)
+    if sample_weights is not None:
+        weight = weight * (
+            sample_weights[0][index[0]][None] if size == 1 else sample_weights[rows, index]
+        )
+    count = torch.tensor([max(s, 1) for s in sizes], dtype=weight.dtype, device=device)
+    active = torch.tensor([s > 0 for s in sizes], device=device)
+    extra = _stack_extra([None if s is None else s.extra for s in steps])
+    last = [s is not None and s.last_epoch for s in steps]
+    return Batch(xb, yb, weight, count, active, sizes, index, extra, last)
+
+
+def _stack_extra(extras: list[Any]) -> Any:
+    """Stack the clients' extra draws (tensors of equal shapes, or nested tuples of
+    them); a client without a step takes zeros."""
+    present = next((e for e in extras if e is not None), None)
+    if present is None:
+        return None
+    filled = [pytree.tree_map(torch.zeros_like, present) if e is None else e for e in extras]
+    return pytree.tree_map(lambda *leaves: torch.stack(leaves), *filled)
+
+
+# ------------------------------------------------------------------------- optimizer
+class SGD:
+    """Heavy-ball SGD with L2 decay on weights (not biases), over stacked tensors:
+    ``torch.optim.SGD`` as fedpers used it (two parameter groups: tensors of 2 or more
+    dimensions per client with ``weight_decay``, the rest without; no dampening, no
+    Nesterov), its single-tensor update written out.
+
+    For each tensor ``p`` with a gradient ``g``, in order: ``g = g + wd * p`` (a new
+    tensor) when ``wd != 0``; with momentum, ``b = g`` (a copy) at the first step and
+    ``b = momentum * b + g`` after, and ``g = b``; then ``p -= lr * g``. A client not
+    ``active`` in a step keeps its values (its steps have ended).
+
+    Parameters
+    ----------
+    params : list of torch.Tensor
+        The stacked tensors it updates (leading axis K).
+    settings : SGDSettings
+        Learning rate, momentum and weight decay.
+    stacked : bool
+        Whether the tensors have the clients' axis (False: plain tensors, one client).
+    """
+
+    def __init__(
+        self, params: Sequence[torch.Tensor], settings: SGDSettings, *, stacked: bool = True
+    ) -> None:
+        self.params = list(params)
+        lead = 1 if stacked else 0
+        self.decay = [settings.weight_decay if p.ndim - lead >= 2 else 0.0 for p in self.params]
         self.lr = settings.lr
         self.momentum = settings.momentum
-        self.buffers: list[torch.Tensor | None] = [None] * len(params)
-
-    def zero_grad(self) -> None:
-        """Drop every gradient (``set_to_none``)."""
-        for p in self.params:
-            p.grad = None
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One update of every parameter that has a gradient."""
-        for i, p in enumerate(self.params):
-            grad = p.grad
+    def step(
+        self, grads: Sequence[torch.Tensor | None], active: torch.Tensor | None = None
+    ) -> None:
+        """One update of every tensor that has a gradient; with ``active`` (K bools), only
+        the active clients' slices move."""
+        for i, (p, grad) in enumerate(zip(self.params, grads, strict=True)):
             if grad is None:
                 continue
             if self.decay[i] != 0:
@@ -107,12 +615,39 @@ class SGD:
                 else:
                     buffer.mul_(self.momentum).add_(grad, alpha=1)
                 grad = buffer
-            p.add_(grad, alpha=-self.lr)
+            if active is None or bool(active.all()):
+                p.add_(grad, alpha=-self.lr)
+            else:
+                where = active.view(-1, *([1] * (p.ndim - 1)))
+                p.copy_(torch.where(where, p.add(grad, alpha=-self.lr), p))
 
 
+def clip_per_client(grads: Sequence[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` for each client (in place): a client's
+    gradients are scaled by ``min(1, max_norm / (norm + 1e-6))``, ``norm`` their joint
+    2-norm."""
+    if not grads:
+        return
+    size = len(grads[0])
+    if size == 1:
+        own = [g[0] for g in grads]
+        norms = torch._foreach_norm(own, 2)
+        total = torch.linalg.vector_norm(torch.stack(list(norms)), 2)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        torch._foreach_mul_(own, coefficient)
+        return
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(size, -1), dim=1) for g in grads], 1)
+    total = torch.linalg.vector_norm(norms, dim=1)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coefficient.view(-1, *([1] * (g.ndim - 1))))
+
+
+# ----------------------------------------------------------------------------- train
 @dataclass(frozen=True)
 class TrainStats:
-    """What one ``train`` call did: mean loss of its last epoch, samples, steps."""
+    """What one ``train`` call did for one client: mean loss of its last epoch, its
+    samples, its steps."""
 
     loss: float
     num_examples: int
@@ -128,31 +663,226 @@ class EvalStats:
     num_examples: int
 
 
-@contextmanager
-def dropout_stream(generator: torch.Generator, device_type: str = "cpu") -> Iterator[None]:
-    """Within it, torch's global generator (which dropout draws from) is seeded from
-    ``generator``, and it is restored afterwards: a client's update depends on its own
-    stream only. Every local update with dropout (``train``, APFL's, Per-FedAvg's) takes
-    its seed here, one draw from ``generator`` before any other."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        seed_torch(seed, device_type)
-        yield
+class Objective(Protocol):
+    """One client's loss of one step: ``objective(model, batch, inputs)``, with
+    ``model`` the client's ``View``, ``batch`` its ``(x, y, weight, count, extra)`` and
+    ``inputs`` its slice of the per-client inputs given to ``train``. Written for one
+    client; ``per_client`` maps it over the cohort."""
+
+    def __call__(self, model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor: ...
 
 
-def mini_batches(
-    count: int, epochs: int, batch_size: int, generator: torch.Generator
-) -> Iterator[torch.Tensor]:
-    """The sample indices of every mini-batch of ``epochs`` passes over ``count``
-    samples, each pass in a fresh order from ``generator`` (drawn when the pass begins,
-    as ``train`` draws it); none without samples."""
-    for _ in range(epochs if count else 0):
-        order = torch.randperm(count, generator=generator)
-        for start in range(0, count, batch_size):
-            yield order[start : start + batch_size]
+def cross_entropy(model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor:
+    """The mean cross-entropy of the batch's real rows (weighted by ``weight``)."""
+    x, y, weight, count, _ = batch
+    losses = F.cross_entropy(model(x), y, reduction="none")
+    return (losses * weight).sum() / count
 
 
 def train(
+    stack: Stack,
+    data: CohortData,
+    *,
+    parts: Sequence[str],
+    epochs: int,
+    settings: SGDSettings,
+    generators: Sequence[torch.Generator],
+    objective: Objective = cross_entropy,
+    inputs: Any = None,
+    sample_weights: torch.Tensor | None = None,
+    augment: Augment | None = None,
+    extra: Callable[[torch.Generator], Any] | None = None,
+    max_grad_norm: float | None = None,
+    clip_groups: Sequence[Sequence[str]] | None = None,
+    correction: Mapping[str, torch.Tensor] | None = None,
+) -> list[TrainStats]:
+    """Train every client's parameters of ``parts`` for ``epochs`` passes over its own
+    data, in place in ``stack``.
+
+    Parameters
+    ----------
+    stack : Stack
+        The cohort's models; names start with a part (``body.``, ``head.``).
+    data : CohortData
+        The clients' training samples, on the stack's device.
+    parts : sequence of str
+        Model parts to train; every other tensor stays exactly as it is.
+    epochs : int
+        Passes over each client's data, each in a fresh random order.
+    settings : SGDSettings
+        Optimizer settings (a fresh optimizer per call, as for a client alone).
+    generators : sequence of torch.Generator
+        Each client's stream: its batch order, augmentation, ``extra`` draws, and the
+        seed of its dropout masks.
+    objective : Objective (default: the weighted mean cross-entropy)
+        One client's loss of a step (e.g. plus a proximal or gluing penalty).
+    inputs : pytree of tensors with a leading axis K, optional
+        Per-client constants the objective reads (an anchor model, targets).
+    sample_weights : torch.Tensor (K, N), optional
+        Per-sample loss weights (FedGMM's and FedEM's responsibilities).
+    augment : Augment, optional
+        A training-time batch transform.
+    extra : callable, optional
+        ``extra(generator)``: a client's own draw for each step (taken after the
+        step's augmentation), given to the objective as ``batch[4]``.
+    max_grad_norm : float, optional
+        Clip each client's gradient norm before each step (per group of
+        ``clip_groups``, by default all trained tensors together).
+    clip_groups : sequence of sequences of names, optional
+        Tensors clipped together.
+    correction : dict of str to torch.Tensor (K, ...), optional
+        Added to each named tensor's gradient before the step (SCAFFOLD's c - c_i).
+    """
+    names = stack.names(parts)
+    size = stack.size
+    if not names or epochs == 0:
+        return [TrainStats(float("nan"), n, 0) for n in data.counts]
+    seeds = [dropout_seed(g) if n else None for g, n in zip(generators, data.counts, strict=True)]
+    plans = [
+        client_steps(n, epochs, settings.batch_size, g, augment=augment, extra=extra)
+        for n, g in zip(data.counts, generators, strict=True)
+    ]
+    masks = DropoutMasks(stack, seeds, data.x[0]) if stack.has_dropout else None
+    trainable = [stack.tensors[n] for n in names]
+    for t in trainable:
+        t.requires_grad_(True)
+    optimizer = SGD(trainable, settings)
+    groups = [list(g) for g in clip_groups] if clip_groups else [names]
+    losses = torch.zeros(size, dtype=torch.float64)
+    seen = [0] * size
+    steps = max((len(p) for p in plans), default=0)
+    try:
+        with training_mode(stack.template, True):
+            for s in range(steps):
+                batch = assemble(
+                    data,
+                    [p[s] if s < len(p) else None for p in plans],
+                    sample_weights=sample_weights,
+                    augment=augment,
+                )
+                if masks is not None:
+                    batch.masks = masks.draw(batch.sizes, batch.x.shape[1], batch.x)
+                loss = step_losses(stack, objective, batch, inputs)
+                grads = list(torch.autograd.grad(loss.sum(), trainable))
+                if correction is not None:
+                    grads = [
+                        g + correction[n] if n in correction else g
+                        for n, g in zip(names, grads, strict=True)
+                    ]
+                if max_grad_norm is not None:
+                    for group in groups:
+                        clip_per_client([grads[names.index(n)] for n in group], max_grad_norm)
+                optimizer.step(grads, None if batch.full or size == 1 else batch.active)
+                record = loss.detach().to(torch.float64)
+                for k in range(size):
+                    if batch.last_epoch[k]:
+                        losses[k] += record[k] * batch.sizes[k]
+                        seen[k] += batch.sizes[k]
+    finally:
+        for t in trainable:
+            t.requires_grad_(False)
+    return [
+        TrainStats(float(losses[k]) / max(seen[k], 1), data.counts[k], len(plans[k]))
+        if plans[k]
+        else TrainStats(float("nan"), data.counts[k], 0)
+        for k in range(size)
+    ]
+
+
+def step_losses(stack: Stack, objective: Objective, batch: Batch, inputs: Any) -> torch.Tensor:
+    """Every client's loss of one step (K,): ``objective`` on the client's model and
+    batch, with the step's dropout masks replayed."""
+
+    def one(tensors: dict[str, torch.Tensor], x, y, weight, count, extra, masks, own_inputs):
+        with replay(masks):
+            return objective(
+                View(stack.template, tensors), (x, y, weight, count, extra), own_inputs
+            )
+
+    return per_client(
+        one,
+        stack.tensors,
+        batch.x,
+        batch.y,
+        batch.weight,
+        batch.count,
+        batch.extra,
+        batch.masks,
+        inputs,
+        size=stack.size,
+    )
+
+
+# -------------------------------------------------------------------------- evaluate
+@torch.no_grad()
+def logits(
+    stack: Stack, x: torch.Tensor, counts: Sequence[int], *, batch_size: int = 1024
+) -> torch.Tensor:
+    """Every client's model on its own inputs ``x`` (K, N, ...) in evaluation mode:
+    (K, N, classes), in chunks of ``batch_size`` rows."""
+    outputs = []
+    with training_mode(stack.template, False):
+        for start in range(0, x.shape[1], batch_size):
+            chunk = x[:, start : start + batch_size]
+            outputs.append(per_client(_forward(stack), stack.tensors, chunk, size=stack.size))
+    if not outputs:
+        return torch.zeros((stack.size, 0, 0))
+    return torch.cat(outputs, dim=1)
+
+
+def _forward(stack: Stack) -> Callable[..., torch.Tensor]:
+    def forward(tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return View(stack.template, tensors)(x)
+
+    return forward
+
+
+@torch.no_grad()
+def evaluate(stack: Stack, data: CohortData, *, batch_size: int = 1024) -> list[EvalStats]:
+    """Every client's mean cross-entropy and accuracy on its own samples, in
+    evaluation mode."""
+    size = stack.size
+    if size == 1:  # the loop a client alone runs, chunk by chunk
+        n = data.counts[0]
+        if n == 0:
+            return [EvalStats(float("nan"), float("nan"), 0)]
+        total_loss, correct = 0.0, 0
+        with training_mode(stack.template, False):
+            model = View(stack.template, {k: v[0] for k, v in stack.tensors.items()})
+            for start in range(0, n, batch_size):
+                out = model(data.x[0, start : min(start + batch_size, n)])
+                target = data.y[0, start : min(start + batch_size, n)]
+                total_loss += float(F.cross_entropy(out, target, reduction="sum"))
+                correct += int((out.argmax(dim=1) == target).sum())
+        return [EvalStats(total_loss / n, correct / n, n)]
+    totals = torch.zeros(size, dtype=torch.float64)
+    corrects = torch.zeros(size, dtype=torch.long)
+    width = max(data.counts, default=0)
+    real = (
+        torch.arange(width, device=data.x.device)[None, :]
+        < torch.tensor(data.counts, device=data.x.device)[:, None]
+    )
+    with training_mode(stack.template, False):
+        for start in range(0, width, batch_size):
+            chunk = slice(start, start + batch_size)
+            out = per_client(_forward(stack), stack.tensors, data.x[:, chunk], size=size)
+            target = data.y[:, chunk]
+            mask = real[:, chunk]
+            ce = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="none").view(
+                target.shape
+            )
+            totals += (ce * mask).sum(dim=1).double().cpu()
+            corrects += ((out.argmax(dim=2) == target) & mask).sum(dim=1).cpu()
+    return [
+        EvalStats(float(totals[k]) / n, int(corrects[k]) / n, n)
+        if n
+        else EvalStats(float("nan"), float("nan"), 0)
+        for k, n in enumerate(data.counts)
+    ]
+
+
+# ------------------------------------------------------------- one model (migration)
+def train_model(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
@@ -162,115 +892,26 @@ def train(
     settings: SGDSettings,
     generator: torch.Generator,
     sample_weights: torch.Tensor | None = None,
-    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
-    penalty: Callable[[torch.Generator], torch.Tensor] | None = None,
+    augment: Augment | None = None,
     max_grad_norm: float | None = None,
 ) -> TrainStats:
-    """Train the parameters of ``parts`` for ``epochs`` passes over ``(x, y)``.
-
-    Parameters
-    ----------
-    model : nn.Module
-        Model whose parameter names start with a part name (``body.``, ``head.``).
-    x, y : torch.Tensor
-        Inputs and integer labels, already on the model's device.
-    parts : tuple of str
-        Model parts to train; every other parameter stays exactly as it is.
-    epochs : int
-        Passes over the data, each in a fresh random order from ``generator``.
-    settings : SGDSettings
-        Optimizer settings.
-    generator : torch.Generator
-        Source of the batch order and of augmentation.
-    sample_weights : torch.Tensor, optional
-        Per-sample loss weights; the batch loss is ``sum(w * CE) / batch size``
-        (FedGMM's and FedEM's responsibility-weighted learner update).
-    augment : callable, optional
-        Batch transform ``(x_batch, generator) -> x_batch`` applied in training only.
-    penalty : callable, optional
-        A term added to every step's loss (Sheaf-FRL's gluing penalty on a pilot batch),
-        called with ``generator``.
-    max_grad_norm : float, optional
-        Clip the trainable parameters' gradient norm before each step.
-    """
-    trainable = [
-        (name, p) for name, p in model.named_parameters() if name.split(".", 1)[0] in parts
-    ]
-    if not trainable or epochs == 0 or len(y) == 0:
-        return TrainStats(loss=float("nan"), num_examples=len(y), steps=0)
-    trainable_ids = {id(p) for _, p in trainable}
-    previous = {id(p): p.requires_grad for p in model.parameters()}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trainable_ids)
-    optimizer = SGD([p for _, p in trainable], settings)
-    model.train()
-    steps = 0
-    stream = dropout_stream(generator, x.device.type)
-    stream.__enter__()
-    try:
-        for _ in range(epochs):
-            order = torch.randperm(len(y), generator=generator)
-            epoch_loss, seen = 0.0, 0
-            for start in range(0, len(y), settings.batch_size):
-                index = order[start : start + settings.batch_size]
-                xb, yb = x[index], y[index]
-                if augment is not None:
-                    xb = augment(xb, generator)
-                losses = F.cross_entropy(model(xb), yb, reduction="none")
-                if sample_weights is not None:
-                    losses = losses * sample_weights[index]
-                loss = losses.mean()
-                if penalty is not None:
-                    loss = loss + penalty(generator)
-                optimizer.zero_grad()
-                loss.backward()
-                if max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_([p for _, p in trainable], max_grad_norm)
-                optimizer.step()
-                epoch_loss += loss.item() * len(index)
-                seen += len(index)
-                steps += 1
-    finally:
-        stream.__exit__(None, None, None)
-        for p in model.parameters():
-            p.requires_grad_(previous[id(p)])
-    return TrainStats(loss=epoch_loss / max(seen, 1), num_examples=len(y), steps=steps)
+    """``train`` for one ``model`` (a cohort of one), written back into it."""
+    stack = Stack.of(model, [{}])
+    stats = train(
+        stack,
+        CohortData(x[None], y[None], [len(y)]),
+        parts=parts,
+        epochs=epochs,
+        settings=settings,
+        generators=[generator],
+        sample_weights=None if sample_weights is None else sample_weights[None],
+        augment=augment,
+        max_grad_norm=max_grad_norm,
+    )
+    stack.load(0, model)
+    return stats[0]
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024
-) -> EvalStats:
-    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
-    if len(y) == 0:
-        return EvalStats(loss=float("nan"), accuracy=float("nan"), num_examples=0)
-    model.eval()
-    total_loss, correct = 0.0, 0
-    for start in range(0, len(y), batch_size):
-        logits = model(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == target).sum())
-    return EvalStats(loss=total_loss / len(y), accuracy=correct / len(y), num_examples=len(y))
-
-
-def random_crop_flip(
-    padding: int = 4,
-) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor]:
-    """CIFAR augmentation of the FedRep paper: random crop with zero padding, h-flip."""
-
-    def augment(xb: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        n, _, h, w = xb.shape
-        padded = F.pad(xb, (padding, padding, padding, padding))
-        dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
-        dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
-        rows = (dy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
-        cols = (dx[:, None] + torch.arange(w)[None, :])[:, None, None, :]
-        batch = torch.arange(n)[:, None, None, None]
-        channels = torch.arange(xb.shape[1])[None, :, None, None]
-        out = padded[batch, channels, rows, cols]
-        flip = torch.rand(n, generator=generator) < 0.5
-        out[flip] = out[flip].flip(-1)
-        return out
-
-    return augment
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> EvalStats:
+    """``evaluate`` for one ``model``."""
+    return evaluate(Stack.of(model, [{}]), CohortData(x[None], y[None], [len(y)]))[0]

@@ -28,7 +28,17 @@ import torch
 
 from fedpers.data.sources import load_dataset
 from fedpers.models import build_model, part_arrays
-from fedpers.training import SGDSettings, evaluate, random_crop_flip, resolve_device, train
+from fedpers.training import (
+    SGDSettings,
+    random_crop_flip,
+    resolve_device,
+)
+from fedpers.training import (
+    evaluate_model as evaluate,
+)
+from fedpers.training import (
+    train_model as train,
+)
 
 
 def fedrep_update(

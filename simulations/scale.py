@@ -60,7 +60,8 @@ from fedpers.simulations.launch import (
 from fedpers.simulations.runs import prepare_output, validate_runs
 from fedpers.simulations.tables import markdown_table, write_summary
 from fedpers.strategies.base import FedpersStrategy
-from fedpers.training import SGDSettings, train
+from fedpers.training import SGDSettings
+from fedpers.training import train_model as train
 
 SIZES = (100, 1000, 5000, 10000)
 

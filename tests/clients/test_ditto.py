@@ -13,7 +13,7 @@ from numpy.testing import assert_array_equal
 from fedpers import protocol
 from fedpers.clients.ditto import DittoClient
 from fedpers.config import RunConfig
-from fedpers.training import evaluate
+from fedpers.training import evaluate_model as evaluate
 from tests.helpers import client_of, run_config
 
 TRAIN = {protocol.ROUND: 1, protocol.EPOCHS: 2, protocol.HEAD_EPOCHS: 2, protocol.LR: 0.05}

@@ -18,7 +18,8 @@ from fedpers.models.agents import build_agent
 from fedpers.seeding import int_seed
 from fedpers.strategies import build_strategy
 from fedpers.strategies.peer_relay import PeerRelay
-from fedpers.training import SGDSettings, train
+from fedpers.training import SGDSettings
+from fedpers.training import train_model as train
 from tests.helpers import InProcessGrid, client_of, run_config
 
 AGENTS = {
