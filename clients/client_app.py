@@ -1,7 +1,11 @@
-"""The ClientApp: unpack a message, call the algorithm's client, pack the reply.
+"""The ClientApp: unpack a message, call the algorithm's local update, pack the reply.
 
-Each handler reads the run configuration once (typed, validated), builds this node's
-client from the algorithm table's row (``fedpers.algorithms``), and calls it. Message
+Each handler reads the run configuration once (typed, validated) and calls the row's
+local update (``fedpers.algorithms``), written for a cohort of clients: here a cohort of
+one, this node. ``train_cohort`` and ``evaluate_cohort`` are the same handlers for many
+nodes' messages at once, which a batched simulation engine calls
+(``fedpers.simulations.batched``); what they do for each message (its device state, its
+fault injection, its privacy mechanism, its reply) is what a device does. Message
 types (``fedpers.protocol``): ``train`` and ``evaluate`` as in Flower, the queries
 every family answers (``protocol.Query``: ``info``, the partition id and data sizes
 that the server maps nodes by, ``initial``, the seeded initial shared arrays, and
@@ -13,7 +17,8 @@ registered below from the registry.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +38,7 @@ from flwr.clientapp import ClientApp
 from fedpers import algorithms, families, privacy, protocol, records
 from fedpers.clients import device_state, faults
 from fedpers.clients.common import Client, SeedsModel
+from fedpers.cohort import Cohort, Member, Reply
 from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes
 from fedpers.families import Faults, QuerySpec
@@ -65,17 +71,23 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
 
 
-def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Client:
-    """This node's client of the run's algorithm (its row's client class), with its
-    state restored from the device if the node is fresh (``clients.device_state``)."""
-    if msg is not None and protocol.ROUND in _config(msg):
+def _restore(run: RunConfig, context: Context, msg: Message) -> None:
+    """The node's state restored from the device if the node is fresh
+    (``clients.device_state``): training in round r starts from the state after round
+    r - 1; evaluating in round r sees the state trained in round r."""
+    if protocol.ROUND in _config(msg):
         server_round = records.integer(_config(msg)[protocol.ROUND], protocol.ROUND)
-        # Training in round r starts from the state after round r - 1; evaluating in
-        # round r sees the state trained in round r.
         evaluating = msg.metadata.message_type == MessageType.EVALUATE
         token = str(_config(msg).get(protocol.RUN_TOKEN, ""))
         before = server_round + (1 if evaluating else 0)
         device_state.restore(run, context, before_round=before, token=token)
+
+
+def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Client:
+    """This node's one-partition client of the run's algorithm (rows not yet written for
+    a cohort, and the families' queries), its state restored as ``_restore`` does."""
+    if msg is not None:
+        _restore(run, context, msg)
     cls = run.spec.client_class(family=run.family.name)
     client: Client = cls(run, _partition(context), context.state)
     return client
@@ -132,17 +144,119 @@ def _reply(
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """One round of local training; under ``dp = "distributed"`` the update of the
-    shared parts leaves the device clipped and noised (``fedpers.privacy``)."""
-    run = _run(context)
-    config = _config(msg)
-    client = _client(run, context, msg)
-    partition = _partition(context)
-    faults.before_fit(run, partition, config)
-    received = _arrays(msg)
-    arrays, metrics = client.fit(dict(received), config)
+@dataclass
+class _Work:
+    """One message of a cohort, unpacked: where its reply goes."""
+
+    index: int
+    msg: Message
+    context: Context
+    run: RunConfig
+    config: ConfigRecord
+    member: Member
+
+
+def _unpack(pairs: Sequence[tuple[Message, Context]], results: list[Any]) -> list[_Work]:
+    """Each message's run, settings and member, with its node's state restored; a
+    message that fails here gets its exception as its result."""
+    work = []
+    for index, (msg, context) in enumerate(pairs):
+        try:
+            run = _run(context)
+            _restore(run, context, msg)
+            config = _config(msg)
+            member = Member(_partition(context), context.state, _arrays(msg))
+            work.append(_Work(index, msg, context, run, config, member))
+        except Exception as error:  # one message's defect is its own reply
+            results[index] = error
+    return work
+
+
+def _groups(work: list[_Work]) -> list[list[_Work]]:
+    """The messages that one update can take together: the same run and settings."""
+    groups: dict[tuple[Any, ...], list[_Work]] = {}
+    for item in work:
+        key = (id(item.run), tuple(sorted((k, repr(v)) for k, v in item.config.items())))
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
+
+
+def _cohort_call(
+    name: str, group: list[_Work], results: list[Any], threads: int | None, dtype: str | None
+) -> list[tuple[_Work, Any]]:
+    """The row's update function ``name`` on the group as one cohort; if it raises for
+    a cohort of several, each message alone, so that one client's defect is its own."""
+    run = group[0].run
+    cohort = Cohort(run, group[0].config, [w.member for w in group], threads, dtype)
+    try:
+        return list(zip(group, _update(run, name, cohort), strict=True))
+    except Exception as error:
+        if len(group) == 1:
+            results[group[0].index] = error
+            return []
+    done = []
+    for item in group:
+        try:
+            alone = cohort.with_members([item.member])
+            done.append((item, _update(run, name, alone)[0]))
+        except Exception as error:
+            results[item.index] = error
+    return done
+
+
+def _update(run: RunConfig, name: str, cohort: Cohort) -> list[Any]:
+    """The row's update function ``name`` (``fit``, ``evaluate``) on ``cohort``; a row
+    whose client trains one partition at a time (``AlgorithmSpec.client``) runs it
+    for each member."""
+    legacy = run.spec.client_class(family=run.family.name)
+    if legacy is not None:
+        out = []
+        for member in cohort.members:
+            client = legacy(run, member.partition, member.state)
+            if name == "fit":
+                out.append(client.fit(dict(member.arrays), cohort.config))
+            else:
+                out.append(client.evaluate(dict(member.arrays), cohort.config))
+        return out
+    function = run.spec.update_function(name, run.family)
+    if function is None:
+        raise TypeError(f"algorithm '{run.algorithm}' has no local update function '{name}'")
+    return list(function(cohort))
+
+
+def train_cohort(
+    pairs: Sequence[tuple[Message, Context]],
+    *,
+    threads: int | None = None,
+    dtype: str | None = None,
+) -> list[Message | BaseException]:
+    """TRAIN messages of several nodes, one cohort per run and settings: each reply, or
+    the exception its message ended with, in order. Per message, what a device does:
+    its state restored, its faults injected, under ``dp = "distributed"`` its update
+    clipped and noised, its state counted and persisted."""
+    results: list[Any] = [None] * len(pairs)
+    for group in _groups(_unpack(pairs, results)):
+        for item in group:
+            try:
+                faults.before_fit(item.run, item.member.partition, item.config)
+            except Exception as error:
+                results[item.index] = error
+        ready = [item for item in group if results[item.index] is None]
+        if not ready:
+            continue
+        fallback = ready[0].run.client_threads if threads is None else None
+        for item, reply in _cohort_call("fit", ready, results, threads or fallback, dtype):
+            try:
+                results[item.index] = _finish_fit(item, reply)
+            except Exception as error:
+                results[item.index] = error
+    return results
+
+
+def _finish_fit(item: _Work, reply: Reply) -> Message:
+    run, config, partition = item.run, item.config, item.member.partition
+    received = item.member.arrays
+    arrays, metrics = reply
     # Only a distributed run's device needs the mechanism: building it may calibrate the
     # noise (seconds of accounting), which a central run's devices must not pay per message.
     if run.group(privacy.PrivacySettings).dp is privacy.DpMode.DISTRIBUTED and received:
@@ -150,21 +264,51 @@ def train(msg: Message, context: Context) -> Message:
         assert mechanism is not None  # dp is not "none"
         arrays = privacy.private_update(received, arrays, mechanism, privacy.secret_generator())
     arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
-    device_state.count_round(context)
+    device_state.count_round(item.context)
     device_state.persist(
         run,
-        context,
+        item.context,
         server_round=records.integer(config[protocol.ROUND], protocol.ROUND),
         token=str(config.get(protocol.RUN_TOKEN, "")),
     )
-    return faults.on_wire(run, partition, config, _reply(msg, arrays, metrics))
+    return faults.on_wire(run, partition, config, _reply(item.msg, arrays, metrics))
+
+
+def evaluate_cohort(
+    pairs: Sequence[tuple[Message, Context]],
+    *,
+    threads: int | None = None,
+    dtype: str | None = None,
+) -> list[Message | BaseException]:
+    """EVALUATE messages of several nodes, as ``train_cohort``: each node's test
+    figures with the server's arrays and its own state."""
+    results: list[Any] = [None] * len(pairs)
+    for group in _groups(_unpack(pairs, results)):
+        fallback = group[0].run.client_threads if threads is None else None
+        for item, metrics in _cohort_call("evaluate", group, results, threads or fallback, dtype):
+            results[item.index] = _reply(item.msg, None, metrics)
+    return results
+
+
+def _one(results: list[Message | BaseException]) -> Message:
+    """The reply of a cohort of one; an exception is raised, as a handler's is."""
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    return results[0]
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training (a cohort of one); under ``dp = "distributed"`` the
+    update of the shared parts leaves the device clipped and noised
+    (``fedpers.privacy``)."""
+    return _one(train_cohort([(msg, context)]))
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test metrics with the server's shared arrays and this node's personal parts."""
-    client = _client(_run(context), context, msg)
-    return _reply(msg, None, client.evaluate(_arrays(msg), _config(msg)))
+    return _one(evaluate_cohort([(msg, context)]))
 
 
 @app.query(Query.INFO)
@@ -195,8 +339,13 @@ def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts, or (config ``digest`` = 1)
     their SHA-256 (``protocol.arrays_digest``), which the server's vote counts."""
     run = _run(context)
-    client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
-    arrays = _startup(run, context, client.initial_arrays())
+    seeded = run.spec.update_function("initial_arrays", run.family)
+    if run.spec.client_class(family=run.family.name) is not None or seeded is None:
+        client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
+        arrays = client.initial_arrays()
+    else:
+        arrays = seeded(Cohort(run, _config(msg), [Member(_partition(context), context.state)]))
+    arrays = _startup(run, context, arrays)
     if records.config_int(_config(msg), protocol.DIGEST, default=0):
         arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
     return _reply(msg, arrays, {})

@@ -162,11 +162,21 @@ class Stack:
         Every entry of the template's ``state_dict``, with a leading axis K.
     """
 
-    def __init__(self, template: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        template: nn.Module,
+        tensors: dict[str, torch.Tensor],
+        stored: Mapping[str, torch.dtype] | None = None,
+    ) -> None:
         self.template = template
         self.tensors = tensors
         self.size = len(next(iter(tensors.values()))) if tensors else 0
         self.parameter_names = [name for name, _ in template.named_parameters()]
+        # the dtypes values leave in (``arrays``): the model's own, whatever the
+        # precision of the computation
+        self.stored = (
+            dict(stored) if stored is not None else {n: t.dtype for n, t in tensors.items()}
+        )
 
     @classmethod
     def of(
@@ -208,27 +218,18 @@ class Stack:
             template = template.to(dtype)
         if device is not None:
             template = template.to(device)
-        return cls(template, tensors)
+        return cls(template, tensors, {n: v.dtype for n, v in state.items()})
 
     def names(self, parts: Sequence[str]) -> list[str]:
         """The parameters (not buffers) whose first name component is one of ``parts``."""
         return [n for n in self.parameter_names if n.split(".", 1)[0] in parts]
 
-    def arrays(
-        self, parts: Sequence[str], dtype: np.dtype | None = None
-    ) -> list[dict[str, np.ndarray]]:
-        """Every client's entries of ``parts`` (parameters and buffers) as numpy arrays
-        (in the model's own dtype, or ``dtype``)."""
+    def arrays(self, parts: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """Every client's entries of ``parts`` (parameters and buffers) as numpy arrays,
+        in the model's own dtypes (whatever the precision of the computation)."""
         chosen = [n for n in self.tensors if n.split(".", 1)[0] in parts]
-        host = {n: self.tensors[n].detach().cpu().numpy() for n in chosen}
-        out = []
-        for k in range(self.size):
-            row = {}
-            for n in chosen:
-                value = host[n][k]
-                row[n] = np.array(value, dtype=dtype if dtype is not None else value.dtype)
-            out.append(row)
-        return out
+        host = {n: self.tensors[n].detach().to(self.stored[n]).cpu().numpy() for n in chosen}
+        return [{n: host[n][k].copy() for n in chosen} for k in range(self.size)]
 
     def load(self, k: int, model: nn.Module) -> None:
         """Copy client ``k``'s values into ``model`` (a module of the same architecture)."""
@@ -239,11 +240,12 @@ class Stack:
 
     def copy(self) -> Stack:
         """A stack of the same architecture with copies of the tensors."""
-        return Stack(self.template, {n: t.detach().clone() for n, t in self.tensors.items()})
+        tensors = {n: t.detach().clone() for n, t in self.tensors.items()}
+        return Stack(self.template, tensors, self.stored)
 
     def select(self, index: torch.Tensor) -> Stack:
         """The clients ``index`` (copies), in that order."""
-        return Stack(self.template, {n: t[index] for n, t in self.tensors.items()})
+        return Stack(self.template, {n: t[index] for n, t in self.tensors.items()}, self.stored)
 
     @property
     def has_dropout(self) -> bool:

@@ -150,9 +150,14 @@ class InProcessSimulation:
         echo: Callable[[str], None] | None = None,
         keep_home: bool = False,
         environment: Mapping[str, str] | None = None,
+        batched: Mapping[str, Any] | None = None,
     ) -> None:
         self.runs: list[str] = []
         self.process = None
+        # with ``batched`` (BatchedGrid's keywords: cohort_size, threads, dtype), the
+        # nodes' TRAIN and EVALUATE messages run as cohorts (the batched engine)
+        self.batched = batched
+        self.grid: InProcessGrid | None = None  # the last run's, for the tests
 
     def __enter__(self) -> InProcessSimulation:
         return self
@@ -173,7 +178,14 @@ class InProcessSimulation:
         if (directory / SUMMARY_FILE).exists() and not config.resume:
             raise ResultsExistError(f"{directory} already holds results; remove it first")
         values = config.to_mapping()
-        grid = InProcessGrid(client_app, values, num_supernodes or config.num_clients)
+        nodes = num_supernodes or config.num_clients
+        if self.batched is not None:
+            from fedpers.simulations.batched import BatchedGrid
+
+            grid: InProcessGrid = BatchedGrid(values, nodes, **self.batched)
+        else:
+            grid = InProcessGrid(client_app, values, nodes)
+        self.grid = grid
         context = Context(
             run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values
         )

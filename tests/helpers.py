@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
+from fedpers.cohort import Arrays, Cohort, Member, Metrics
 from fedpers.config import RunConfig
+from fedpers.data.client import ClientData, client_data
 from fedpers.simulations.inprocess import (
     SERVER_NODE,
     InProcessGrid,
@@ -16,10 +18,56 @@ from fedpers.simulations.inprocess import (
     set_task_identity,
 )
 
-__all__ = ["SERVER_NODE", "InProcessGrid", "client_of", "run_config", "set_task_identity"]
+__all__ = [
+    "SERVER_NODE",
+    "InProcessGrid",
+    "Node",
+    "client_of",
+    "run_config",
+    "set_task_identity",
+]
 
 
 def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Any:
-    """The client the ClientApp would build for ``partition`` (the row's class)."""
+    """The client the ClientApp would run for ``partition``: the row's update for a
+    cohort of one (``Node``), or the one-partition class of a row not yet written for a
+    cohort."""
     cls = run.spec.client_class(family=run.family.name)
+    if cls is None:
+        return Node(run, partition, state)
     return cls(run, partition, RecordDict() if state is None else state)
+
+
+class Node:
+    """One client as a device runs it: the row's local update on a cohort of this one
+    member (``fedpers.cohort``), its state in ``state``."""
+
+    def __init__(self, run: RunConfig, partition: int, state: RecordDict | None = None) -> None:
+        self.run = run
+        self.partition_id = partition
+        self.state = RecordDict() if state is None else state
+
+    @property
+    def data(self) -> ClientData:
+        return client_data(self.run, self.partition_id)
+
+    def cohort(self, arrays: Arrays, config: ConfigRecord | None = None) -> Cohort:
+        member = Member(self.partition_id, self.state, dict(arrays))
+        return Cohort(self.run, config or ConfigRecord(), [member], self.run.client_threads)
+
+    def call(self, name: str, arrays: Arrays, config: ConfigRecord | None = None) -> Any:
+        function = self.run.spec.update_function(name, self.run.family)
+        assert function is not None, f"{self.run.algorithm} has no {name}"
+        return function(self.cohort(arrays, config))
+
+    def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
+        reply: tuple[Arrays, Metrics] = self.call("fit", arrays, config)[0]
+        return reply
+
+    def evaluate(self, arrays: Arrays, config: ConfigRecord) -> Metrics:
+        metrics: Metrics = self.call("evaluate", arrays, config)[0]
+        return metrics
+
+    def initial_arrays(self) -> Arrays:
+        arrays: Arrays = self.call("initial_arrays", {})
+        return arrays

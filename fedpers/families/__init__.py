@@ -146,6 +146,10 @@ class FamilySpec:
         ``(pattern, low, high)``: the closed range of the metrics its clients send whose
         key matches ``pattern`` (a regular expression, matched in full); the server
         rejects a reply with a value outside it (``strategies.screening``).
+    update : str
+        The module of the family's local update: the functions (``fit``,
+        ``evaluate``, ``initial_arrays``, query answers) a row's own module leaves out
+        (``AlgorithmSpec.update_function``); "" for none.
     """
 
     name: str
@@ -164,6 +168,7 @@ class FamilySpec:
     fault_targets: FaultTargets = FaultTargets()
     wire: tuple[str, ...] = field(default=())
     metric_ranges: tuple[tuple[str, float, float], ...] = ()
+    update: str = ""
 
 
 _FAMILIES: dict[str, FamilySpec] = {}

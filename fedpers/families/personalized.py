@@ -13,8 +13,9 @@ and the summary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedpers import families, protocol
 from fedpers.families import RunSummary
@@ -24,6 +25,7 @@ from fedpers.results import RoundRecord, final_mean
 from fedpers.settings import ConfigError, at_least, positive, setting, within
 
 if TYPE_CHECKING:
+    from fedpers.cohort import Arrays, Cohort, Metrics, Reply
     from fedpers.config import RunConfig
 
 NAME = "personalized"
@@ -368,11 +370,55 @@ def summary(done: RunSummary) -> dict[str, object]:
     return result
 
 
+# ----------------------------------------------------------------- local update
+def fit(
+    cohort: Cohort,
+    *,
+    objective: Any = None,
+    inputs: Callable[[Any], Any] | None = None,
+) -> list[Reply]:
+    """The family's local update of a cohort: each member's model is what it keeps
+    with the shared parts it received; the row's ``phases`` train through the one
+    training loop (``objective``, by default the cross-entropy, and its per-member
+    ``inputs(local)``); the personal parts are stored again and the shared ones sent
+    back with the samples and the last phase's loss."""
+    from fedpers import training, update
+
+    local = update.Personalized(cohort)
+    stack = local.models()
+    stats = local.train_phases(
+        stack,
+        objective=objective or training.cross_entropy,
+        inputs=None if inputs is None else inputs(local),
+    )
+    local.keep_personal(stack)
+    return update.fit_replies(local.shared_arrays(stack), stats)
+
+
+def evaluate(cohort: Cohort) -> list[Metrics]:
+    """Each member's test figures with the global shared parts and its own personal
+    parts (after fine-tuning its head where the server asks: the +FT rows)."""
+    from fedpers import update
+
+    local = update.Personalized(cohort)
+    return local.evaluate(local.models())
+
+
+def initial_arrays(cohort: Cohort) -> Arrays:
+    """The seeded initial values of the row's shared parts (the server's round-0
+    model), as every node builds them."""
+    from fedpers import models, update
+
+    local = update.Personalized(cohort)
+    return models.part_arrays(local.model, local.shared)
+
+
 FAMILY = families.register(
     families.FamilySpec(
         name=NAME,
         summary=summary,
         groups=(PrivacySettings,),
         checks=(check_privacy, check_server_step),
+        update=__name__,
     )
 )

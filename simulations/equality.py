@@ -1,0 +1,232 @@
+"""Does a client's result depend on the cohort it trains in? Every row, both ways.
+
+    python -m simulations.equality [--rows fedrep,ditto] [--out DIR]
+
+For every row of the algorithm table, a small run (one round; two where state carries
+over between rounds) on the batched engine twice: every client alone
+(``cohort_size = 1``, the per-client path, what a device runs) and the whole round as
+one cohort, both computed in float64. It compares everything the run leaves: the
+global state (``checkpoint.npz``), every client's personal state (each node's
+``context.state``), every metric of ``rounds.jsonl`` and ``clients.jsonl``. The largest
+relative difference must stay below ``TOLERANCE``; the same comparison in float32 is
+reported beside it. Two controls per row: the cohort run again with two clients' seeds
+swapped, and with two clients' data swapped, must each differ by more than
+``TOLERANCE`` (so the comparison can fail). tests/simulations/test_equality.py runs it
+for every row; this script prints the table (and writes DIR/summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from fedpers import algorithms
+from fedpers.simulations.inprocess import InProcessSimulation
+
+TOLERANCE = 1e-5  # relative, float64
+
+PERSONALIZED = {
+    "dataset": "mnist1d",
+    "num-clients": 8,
+    "fraction-train": 0.5,
+    "samples-per-client": 40,
+    "partitioner": "dirichlet",  # uneven sizes: short last batches, clients done early
+    "dirichlet-alpha": 0.5,
+    "epochs": 1,
+    "head-epochs": 2,
+    "finetune-epochs": 1,
+    "final-rounds": 1,
+}
+MIXTURE = {
+    "dataset": "mixture",
+    "num-clients": 8,
+    "samples-per-client": 60,
+    "fraction-train": 0.5,
+    "lr": 1.0,
+    "momentum": 0.0,
+    "weight-decay": 0.0,
+    "batch-size": 16,
+    "epochs": 1,
+    "final-rounds": 1,
+    "pfedme-lambda": 1.0,
+    "pfedme-beta": 1.0,
+}
+SHEAF = {
+    "dataset": "digits",
+    "num-clients": 6,
+    "fraction-train": 1.0,
+    "epochs": 1,
+    "batch-size": 32,
+    "momentum": 0.9,
+    "final-rounds": 1,
+}
+LINEAR = {"dataset": "linear", "num-clients": 12, "fraction-train": 0.5}
+
+
+def case(row: str) -> dict[str, Any]:
+    """The run of ``row``: its family's small setting, two rounds where client state
+    carries over, one otherwise."""
+    spec = algorithms.get(row)
+    if not spec.deep:
+        base = dict(LINEAR)
+    elif spec.family == "mixture":
+        base = dict(MIXTURE)
+    elif spec.family == "sheaf":
+        base = dict(SHEAF)
+        if row in ("fedproto", "fedmuscle"):  # equal latent dimensions
+            base["sheaf-latent-dims"] = ",".join(["16"] * SHEAF["num-clients"])
+    else:
+        base = dict(PERSONALIZED)
+    rounds = 2 if spec.keeps_state or spec.strategy != algorithms.AlgorithmSpec.strategy else 1
+    return {**base, "algorithm": row, "num-rounds": rounds}
+
+
+@contextlib.contextmanager
+def swapped(what: str) -> Iterator[None]:
+    """Within it, every cohort of two or more trains its first two members with each
+    other's seeds (``what = "seed"``) or data (``"data"``): the controls."""
+    from fedpers import update
+
+    if what == "seed":
+        original = update.Local.generators
+
+        def generators(self: Any, *args: Any, **kwargs: Any) -> Any:
+            made = original(self, *args, **kwargs)
+            if len(made) > 1:
+                made[0], made[1] = made[1], made[0]
+            return made
+
+        update.Local.generators = generators  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            update.Local.generators = original  # type: ignore[method-assign]
+        return
+    original_data = update.Local.__dict__["data"]
+
+    def data(self: Any) -> Any:
+        mine = list(original_data.func(self))
+        if len(mine) > 1:
+            mine[0], mine[1] = mine[1], mine[0]
+        return mine
+
+    update.Local.data = property(data)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        update.Local.data = original_data  # type: ignore[assignment]
+
+
+def outcome(overrides: Mapping[str, Any], results: Path, **batched: Any) -> dict[str, Any]:
+    """One run on the batched engine: its metrics, global state and nodes' states."""
+    simulation = InProcessSimulation(batched=batched)
+    directory = simulation.run({**overrides, "results-dir": str(results)})
+    rounds = [json.loads(line) for line in (directory / "rounds.jsonl").read_text().splitlines()]
+    clients_file = directory / "clients.jsonl"
+    clients = (
+        [json.loads(line) for line in clients_file.read_text().splitlines()]
+        if clients_file.exists()
+        else []
+    )
+    with np.load(directory / "checkpoint.npz") as stored:
+        state = {k: stored[k] for k in stored.files if not k.startswith("__")}
+    assert simulation.grid is not None
+    nodes = {}
+    for node, context in simulation.grid.contexts.items():
+        for key, record in context.state.items():
+            if isinstance(record, ArrayRecord):
+                for name, array in record.items():
+                    nodes[f"{node}/{key}/{name}"] = array.numpy()
+    return {"rounds": rounds, "clients": clients, "state": state, "nodes": nodes}
+
+
+def difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest relative difference between two outcomes: each metric against its
+    own size, each array's entries against its largest entry; inf where they do not
+    hold the same things."""
+    worst = 0.0
+    metrics_a, metrics_b = _metrics(a), _metrics(b)
+    if metrics_a.keys() != metrics_b.keys():
+        return math.inf
+    for key, value in metrics_a.items():
+        other = metrics_b[key]
+        if math.isnan(value) or math.isnan(other):
+            if not (math.isnan(value) and math.isnan(other)):
+                return math.inf
+            continue
+        worst = max(worst, abs(value - other) / max(abs(value), 1e-12))
+    for group in ("state", "nodes"):
+        if a[group].keys() != b[group].keys():
+            return math.inf
+        for key, value in a[group].items():
+            x, y = np.asarray(value, dtype=float), np.asarray(b[group][key], dtype=float)
+            if x.shape != y.shape:
+                return math.inf
+            if x.size:
+                worst = max(worst, float(np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-12)))
+    return worst
+
+
+def _metrics(outcome: dict[str, Any]) -> dict[str, float]:
+    flat: dict[str, float] = {}
+    for record in outcome["rounds"]:
+        for section in ("train", "evaluate", "server"):
+            for key, value in (record.get(section) or {}).items():
+                if "bytes" not in key and isinstance(value, int | float):
+                    flat[f"{record['round']}/{section}/{key}"] = float(value)
+    for record in outcome["clients"]:
+        for partition, metrics in record.get("clients", {}).items():
+            for key, value in metrics.items():
+                if isinstance(value, int | float):
+                    flat[f"{record['round']}/client/{partition}/{key}"] = float(value)
+    return flat
+
+
+def compare(row: str, work: Path) -> dict[str, float]:
+    """``row``'s figures: the float64 difference, the float32 one, and the two
+    controls' (float64)."""
+    overrides = {**case(row), "run-name": row}
+    alone = outcome(overrides, work / "alone", cohort_size=1, dtype="float64")
+    together = outcome(overrides, work / "together", dtype="float64")
+    figures = {"float64": difference(alone, together)}
+    figures["float32"] = difference(
+        outcome(overrides, work / "alone32", cohort_size=1),
+        outcome(overrides, work / "together32"),
+    )
+    for what in ("seed", "data"):
+        with swapped(what):
+            control = outcome(overrides, work / f"swapped-{what}", dtype="float64")
+        figures[f"{what} swapped"] = difference(alone, control)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="", help="comma-separated rows (default: every row)")
+    parser.add_argument("--out", type=Path, default=None, help="write DIR/summary.json")
+    args = parser.parse_args(argv)
+    rows = [r for r in args.rows.split(",") if r] or algorithms.names()
+    table: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as work:
+        for row in rows:
+            table[row] = compare(row, Path(work) / row)
+            figures = "  ".join(f"{k} {v:.2e}" for k, v in table[row].items())
+            print(f"{row:16s} {figures}", flush=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps(table, indent=1))
+    return table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
