@@ -7,7 +7,7 @@ receives the parts of the model its algorithm shares (the algorithm table's
 update (``phases``: which parts train, for how many epochs, in what order) through
 ``fedpers.training``, stores the personal parts again and returns the shared ones.
 FedRep, FedPer, FedAvg(+FT), LG-FedAvg, Local and FedBABU are this class with
-different rows; FedProx(+FT) adds its proximal term (``penalty``).
+different rows.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from fedpers import protocol, records
 from fedpers.clients.common import Arrays, ClientBase, Metrics, config_float, config_int
 from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, adaptation_split, client_data
-from fedpers.legacy_training import train as legacy_train
 from fedpers.models import build_model, load_part_arrays, part_arrays
 from fedpers.seeding import int_seed
 from fedpers.training import (
@@ -134,11 +133,6 @@ class PersonalizedClient(TorchClient):
         row's ``phases``, with the epochs the server sent)."""
         return [(phase.parts, config_int(config, phase.epochs)) for phase in self.spec.phases]
 
-    def penalty(self, arrays: Arrays) -> Penalty | None:
-        """A term added to the loss of every step of the local update, given the
-        server's shared arrays of this round (FedProx's proximal term); none here."""
-        return None
-
     # ------------------------------------------------------------------ messages
     def initial_arrays(self) -> Arrays:
         """The seeded initial values of the shared parts (the server's round-0 model)."""
@@ -147,11 +141,9 @@ class PersonalizedClient(TorchClient):
     def fit(self, arrays: Arrays, config: ConfigRecord) -> tuple[Arrays, Metrics]:
         """One round of local training from the server's shared arrays."""
         generator, x, y, settings = self.start_round(arrays, config)
-        penalty = self.penalty(arrays)
         loss = float("nan")
         for parts, epochs in self.local_update(config):
-            run_train = legacy_train if penalty is not None else train_model
-            stats = run_train(  # type: ignore[operator]
+            stats = train_model(
                 self.model,
                 x,
                 y,
@@ -160,7 +152,6 @@ class PersonalizedClient(TorchClient):
                 settings=settings,
                 generator=generator,
                 augment=self.augment,
-                **({"penalty": penalty} if penalty is not None else {}),
             )
             loss = stats.loss if stats.steps else loss
         if self.personal:

@@ -571,7 +571,8 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
 
     # --------------------------------------------------------------- validation
     def _validate(self) -> None:
-        """Each group's own checks, each family's cross-checks, then the core's."""
+        """Each group's own checks, each family's cross-checks, the row's own, then the
+        core's."""
         for group in GROUPS.values():
             if hasattr(group, "check"):
                 group.check(self)
@@ -581,6 +582,9 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         for family in families.all_families():
             for check in family.checks:
                 check(self)
+        for check in self.spec.checks:
+            check(self)
+
         self._check_model_fits_data()
         self._check_partition()
         self._check_shift()

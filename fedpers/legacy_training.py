@@ -1,4 +1,7 @@
-"""The one training loop and the one evaluation loop, used by every client.
+"""The one-client loop of the clients not yet written for a cohort (temporary; see
+fedpers.training for the one training loop).
+
+Was: the one training loop and the one evaluation loop, used by every client.
 
 An algorithm's local update is a sequence of calls to ``train`` that differ only in
 which model parts are trainable (FedRep: the head, then the body; FedPer and FedAvg:
@@ -20,13 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from fedpers.seeding import seed_torch
+from fedpers.training import EvalStats, SGDSettings, TrainStats
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,28 +47,6 @@ def resolve_device(name: str) -> torch.device:
             "run-config key 'device' = 'cuda' but no GPU is visible; use 'auto' or 'cpu'"
         )
     return torch.device(name)
-
-
-@dataclass(frozen=True)
-class SGDSettings:
-    """Local optimizer settings (a fresh SGD optimizer per ``train`` call).
-
-    Parameters
-    ----------
-    lr : float
-        Learning rate.
-    momentum : float
-        Heavy-ball momentum.
-    weight_decay : float
-        L2 penalty on weights (tensors with 2 or more dimensions), not on biases.
-    batch_size : int
-        Mini-batch size.
-    """
-
-    lr: float
-    momentum: float
-    weight_decay: float
-    batch_size: int
 
 
 class SGD:
@@ -108,24 +89,6 @@ class SGD:
                     buffer.mul_(self.momentum).add_(grad, alpha=1)
                 grad = buffer
             p.add_(grad, alpha=-self.lr)
-
-
-@dataclass(frozen=True)
-class TrainStats:
-    """What one ``train`` call did: mean loss of its last epoch, samples, steps."""
-
-    loss: float
-    num_examples: int
-    steps: int
-
-
-@dataclass(frozen=True)
-class EvalStats:
-    """Mean loss, accuracy and number of test samples."""
-
-    loss: float
-    accuracy: float
-    num_examples: int
 
 
 @contextmanager

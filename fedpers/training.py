@@ -374,14 +374,14 @@ class CohortData:
         """Stack the clients' arrays, zero-padded (the counts say which rows are real)."""
         counts = [len(y) for y in ys]
         width = max(counts, default=0)
-        xs = [torch.as_tensor(x) for x in xs]
-        ys = [torch.as_tensor(y) for y in ys]
+        inputs = [torch.as_tensor(x) for x in xs]
+        labels = [torch.as_tensor(y) for y in ys]
         if all(c == width for c in counts):
-            x, y = torch.stack(xs), torch.stack(ys)
+            x, y = torch.stack(inputs), torch.stack(labels)
         else:
-            x = torch.zeros((len(xs), width, *xs[0].shape[1:]), dtype=xs[0].dtype)
-            y = torch.zeros((len(ys), width), dtype=ys[0].dtype)
-            for k, (xk, yk) in enumerate(zip(xs, ys, strict=True)):
+            x = torch.zeros((len(inputs), width, *inputs[0].shape[1:]), dtype=inputs[0].dtype)
+            y = torch.zeros((len(labels), width), dtype=labels[0].dtype)
+            for k, (xk, yk) in enumerate(zip(inputs, labels, strict=True)):
                 x[k, : len(yk)] = xk
                 y[k, : len(yk)] = yk
         if dtype is not None and x.is_floating_point():
@@ -633,8 +633,8 @@ def clip_per_client(grads: Sequence[torch.Tensor], max_norm: float) -> None:
     size = len(grads[0])
     if size == 1:
         own = [g[0] for g in grads]
-        norms = torch._foreach_norm(own, 2)
-        total = torch.linalg.vector_norm(torch.stack(list(norms)), 2)
+        own_norms = torch._foreach_norm(own, 2)
+        total = torch.linalg.vector_norm(torch.stack(list(own_norms)), 2)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         torch._foreach_mul_(own, coefficient)
         return
@@ -736,7 +736,6 @@ def train(
         Added to each named tensor's gradient before the step (SCAFFOLD's c - c_i).
     """
     names = stack.names(parts)
-    size = stack.size
     if not names or epochs == 0:
         return [TrainStats(float("nan"), n, 0) for n in data.counts]
     seeds = [dropout_seed(g) if n else None for g, n in zip(generators, data.counts, strict=True)]
@@ -745,17 +744,11 @@ def train(
         for n, g in zip(data.counts, generators, strict=True)
     ]
     masks = DropoutMasks(stack, seeds, data.x[0]) if stack.has_dropout else None
-    trainable = [stack.tensors[n] for n in names]
-    for t in trainable:
-        t.requires_grad_(True)
-    optimizer = SGD(trainable, settings)
-    groups = [list(g) for g in clip_groups] if clip_groups else [names]
-    losses = torch.zeros(size, dtype=torch.float64)
-    seen = [0] * size
-    steps = max((len(p) for p in plans), default=0)
+    descent = Descent(stack, names, settings, correction, max_grad_norm, clip_groups)
+    record = LastEpochLoss(stack.size)
     try:
         with training_mode(stack.template, True):
-            for s in range(steps):
+            for s in range(max((len(p) for p in plans), default=0)):
                 batch = assemble(
                     data,
                     [p[s] if s < len(p) else None for p in plans],
@@ -765,37 +758,95 @@ def train(
                 if masks is not None:
                     batch.masks = masks.draw(batch.sizes, batch.x.shape[1], batch.x)
                 loss = step_losses(stack, objective, batch, inputs)
-                grads = list(torch.autograd.grad(loss.sum(), trainable))
-                if correction is not None:
-                    grads = [
-                        g + correction[n] if n in correction else g
-                        for n, g in zip(names, grads, strict=True)
-                    ]
-                if max_grad_norm is not None:
-                    for group in groups:
-                        clip_per_client([grads[names.index(n)] for n in group], max_grad_norm)
-                optimizer.step(grads, None if batch.full or size == 1 else batch.active)
-                record = loss.detach().to(torch.float64)
-                for k in range(size):
-                    if batch.last_epoch[k]:
-                        losses[k] += record[k] * batch.sizes[k]
-                        seen[k] += batch.sizes[k]
+                descent.step(loss, batch)
+                record.add(loss, batch)
     finally:
-        for t in trainable:
+        descent.release()
+    return record.stats(data.counts, [len(p) for p in plans])
+
+
+class Descent:
+    """The gradient steps of one ``train`` call: the trainable tensors of ``names``
+    (gradients on, the others frozen), SCAFFOLD's ``correction``, per-client clipping
+    and the optimizer."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        names: list[str],
+        settings: SGDSettings,
+        correction: Mapping[str, torch.Tensor] | None = None,
+        max_grad_norm: float | None = None,
+        clip_groups: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        self.names = names
+        self.trainable = [stack.tensors[n] for n in names]
+        for t in self.trainable:
+            t.requires_grad_(True)
+        self.optimizer = SGD(self.trainable, settings)
+        self.correction = correction
+        self.max_grad_norm = max_grad_norm
+        self.groups = [list(g) for g in clip_groups] if clip_groups else [names]
+        self.size = stack.size
+
+    def step(self, loss: torch.Tensor, batch: Batch) -> None:
+        """One step of every client with a batch, on the gradient of its own loss."""
+        grads = list(torch.autograd.grad(loss.sum(), self.trainable))
+        if self.correction is not None:
+            grads = [
+                g + self.correction[n] if n in self.correction else g
+                for n, g in zip(self.names, grads, strict=True)
+            ]
+        if self.max_grad_norm is not None:
+            for group in self.groups:
+                clip_per_client([grads[self.names.index(n)] for n in group], self.max_grad_norm)
+        self.optimizer.step(grads, None if batch.full or self.size == 1 else batch.active)
+
+    def release(self) -> None:
+        """Gradients off again."""
+        for t in self.trainable:
             t.requires_grad_(False)
-    return [
-        TrainStats(float(losses[k]) / max(seen[k], 1), data.counts[k], len(plans[k]))
-        if plans[k]
-        else TrainStats(float("nan"), data.counts[k], 0)
-        for k in range(size)
-    ]
+
+
+class LastEpochLoss:
+    """Each client's mean loss over its last epoch's samples (in float64, as a loop over
+    one client sums ``loss.item() * len(batch)``)."""
+
+    def __init__(self, size: int) -> None:
+        self.losses = torch.zeros(size, dtype=torch.float64)
+        self.seen = [0] * size
+
+    def add(self, loss: torch.Tensor, batch: Batch) -> None:
+        values = loss.detach().to(torch.float64).cpu()
+        for k, last in enumerate(batch.last_epoch):
+            if last:
+                self.losses[k] += values[k] * batch.sizes[k]
+                self.seen[k] += batch.sizes[k]
+
+    def stats(self, counts: Sequence[int], steps: Sequence[int]) -> list[TrainStats]:
+        return [
+            TrainStats(float(self.losses[k]) / max(self.seen[k], 1), counts[k], steps[k])
+            if steps[k]
+            else TrainStats(float("nan"), counts[k], 0)
+            for k in range(len(counts))
+        ]
 
 
 def step_losses(stack: Stack, objective: Objective, batch: Batch, inputs: Any) -> torch.Tensor:
     """Every client's loss of one step (K,): ``objective`` on the client's model and
     batch, with the step's dropout masks replayed."""
 
-    def one(tensors: dict[str, torch.Tensor], x, y, weight, count, extra, masks, own_inputs):
+    def one(
+        tensors: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        count: torch.Tensor,
+        extra: Any,
+        masks: list[torch.Tensor],
+        own_inputs: Any,
+    ) -> torch.Tensor:
+
         with replay(masks):
             return objective(
                 View(stack.template, tensors), (x, y, weight, count, extra), own_inputs

@@ -31,6 +31,7 @@ from fedpers.training import (
     SGDSettings,
     Stack,
     TrainStats,
+    View,
     cross_entropy,
     evaluate,
     random_crop_flip,
@@ -125,6 +126,17 @@ class Local:
         """``model`` for every member, member ``k``'s values from ``arrays[k]``."""
         return Stack.of(model, arrays, device=self.device, dtype=self.dtype)
 
+    def tensors(self, arrays: Sequence[Arrays], names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Every member's arrays ``names`` stacked (K, ...) on the device, in the
+        cohort's precision, in the order of ``names``."""
+        out = {}
+        for name in names:
+            stacked = torch.as_tensor(np.stack([a[name] for a in arrays]))
+            if self.dtype is not None and stacked.is_floating_point():
+                stacked = stacked.to(self.dtype)
+            out[name] = stacked.to(self.device)
+        return out
+
 
 class Personalized(Local):
     """A cohort of the personalized family: a ``body``/``head`` model, the parts the
@@ -201,7 +213,8 @@ class Personalized(Local):
     ) -> list[TrainStats]:
         """The row's local update (``phases``: which parts train, for the epochs the
         server sent, in order) through the one training loop, every phase from the same
-        generators; per member, the figures of its last phase that took a step."""
+        generators; per member, the loss of its last phase that took a step and the
+        steps of all phases."""
         generators = self.generators("train", self.round)
         data = self.train_data()
         last = [TrainStats(float("nan"), n, 0) for n in data.counts]
@@ -218,7 +231,12 @@ class Personalized(Local):
                 inputs=inputs,
                 correction=correction,
             )
-            last = [s if s.steps else before for s, before in zip(stats, last, strict=True)]
+            last = [
+                TrainStats(
+                    s.loss if s.steps else before.loss, s.num_examples, before.steps + s.steps
+                )
+                for s, before in zip(stats, last, strict=True)
+            ]
         return last
 
     def evaluate(self, stack: Stack) -> list[Metrics]:
@@ -241,6 +259,21 @@ class Personalized(Local):
                 augment=self.augment,
             )
         return [test_metrics(s) for s in evaluate(stack, self.test_data())]
+
+
+def proximal(weight: float) -> Objective:
+    """The cross-entropy plus ``(weight / 2) ||w - anchor||^2``: ``inputs`` holds the
+    anchor's tensors (by the model's names, in its order) toward which the model is
+    pulled (FedProx's received w^t, Ditto's w)."""
+
+    def objective(model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor:
+
+        loss = cross_entropy(model, batch, None)
+        terms = [(model[name] - value).pow(2).sum() for name, value in inputs.items()]
+
+        return loss + 0.5 * weight * torch.stack(terms).sum()
+
+    return objective
 
 
 def fit_replies(stack_arrays: Sequence[Arrays], stats: Sequence[TrainStats]) -> list[Reply]:

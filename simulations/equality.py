@@ -84,7 +84,7 @@ def case(row: str) -> dict[str, Any]:
     elif spec.family == "sheaf":
         base = dict(SHEAF)
         if row in ("fedproto", "fedmuscle"):  # equal latent dimensions
-            base["sheaf-latent-dims"] = ",".join(["16"] * SHEAF["num-clients"])
+            base["sheaf-latent-dims"] = ",".join(["16"] * 6)
     else:
         base = dict(PERSONALIZED)
     rounds = 2 if spec.keeps_state or spec.strategy != algorithms.AlgorithmSpec.strategy else 1
@@ -124,7 +124,7 @@ def swapped(what: str) -> Iterator[None]:
     try:
         yield
     finally:
-        update.Local.data = original_data  # type: ignore[assignment]
+        update.Local.data = original_data  # type: ignore[method-assign]
 
 
 def outcome(overrides: Mapping[str, Any], results: Path, **batched: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """SCAFFOLD's server (Karimireddy et al., ICML 2020, Algorithm 1): the global model
 ``x`` and control variate ``c`` are one state, the model's arrays and the same arrays
-under ``control.`` (``fedpers.families.personalized.CONTROL``), so that the round loop
+under ``control.`` (``fedpers.algorithms.scaffold.CONTROL``), so that the round loop
 sends both, screens both, and checkpoints both (an exact resume needs the clients'
 ``c_i`` too: ``client-state-dir``). Each round, over the replies ``S`` kept,
 
@@ -8,7 +8,7 @@ sends both, screens both, and checkpoints both (an exact resume needs the client
 
 with the paper's unweighted means (the run's ``aggregation`` of the replies with equal
 weights), ``eta_g`` = ``scaffold-server-lr`` and ``N`` the clients that train. A client
-replies ``c + (c_i+ - c_i)`` for the variate (``clients/scaffold.py``), so the mean of
+replies ``c + (c_i+ - c_i)`` for the variate (``fedpers/algorithms/scaffold.py``), so the mean of
 what came back less ``c`` is the mean of the ``c_i+ - c_i``.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedpers.families.personalized import ScaffoldSettings, is_control
+from fedpers.algorithms.scaffold import ScaffoldSettings, is_control
 from fedpers.strategies.base import FedpersStrategy, step_toward
 
 

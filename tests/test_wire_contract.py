@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpers import families, protocol
+from fedpers import algorithms, families, protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("strategies", "clients")
@@ -40,6 +40,8 @@ def _declared() -> set[str]:
     for family in families.all_families():
         values.update(family.wire)
         values.update(protocol.query_type(query.name) for query in family.queries)
+    for spec in algorithms.all_specs():
+        values.update(spec.wire)
     return values
 
 

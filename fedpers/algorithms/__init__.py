@@ -181,7 +181,7 @@ class AlgorithmSpec:
             if module:
                 found = getattr(importlib.import_module(module), name, None)
                 if found is not None:
-                    return found  # type: ignore[no-any-return]
+                    return found
         return None
 
     def _varies(self, family: str | None) -> bool:

@@ -4,17 +4,15 @@ own as its update is written for a cohort."""
 
 from __future__ import annotations
 
-from fedpers.algorithms import AlgorithmSpec, Family, FinalTest, LinearVariant
+from fedpers.algorithms import AlgorithmSpec, Family, LinearVariant
 from fedpers.families.personalized import (
     APFLSettings,
     ClusteredFLSettings,
     DittoSettings,
     FedMTLSettings,
-    FedProxSettings,
     L2GDSettings,
     PerFedAvgSettings,
     PFedMeSettings,
-    ScaffoldSettings,
 )
 from fedpers.families.sheaf import (
     ComFedSettings,
@@ -28,9 +26,6 @@ LINEAR_FEDREP = LinearVariant(
     "fedpers.strategies.fedrep:FedRepLinear", "fedpers.clients.linear:LinearFedRepClient"
 )
 _SHEAF_CLIENT = "fedpers.clients.sheaf:SheafClient"
-_FEDPROX_CLIENT = "fedpers.clients.fedprox:FedProxClient"
-_SCAFFOLD_STRATEGY = "fedpers.strategies.scaffold:Scaffold"
-_SCAFFOLD_CLIENT = "fedpers.clients.scaffold:ScaffoldClient"
 _MIXTURE = "Marfoq et al., NeurIPS 2021"
 
 ROWS = (
@@ -41,45 +36,6 @@ ROWS = (
         client="fedpers.clients.fedavg_plus:FedAvgPlusClient",
         unseen=True,
         paper="Jiang et al., 2019 (arXiv 1909.12488), as FedEM's code tunes locally",
-    ),
-    AlgorithmSpec(
-        name="fedprox",
-        family=Family.PERSONALIZED,
-        shared=MODEL_PARTS,
-        client=_FEDPROX_CLIENT,
-        settings=(FedProxSettings,),
-        unseen=True,
-        paper="Li et al., MLSys 2020",
-    ),
-    AlgorithmSpec(
-        name="fedprox-ft",
-        family=Family.PERSONALIZED,
-        shared=MODEL_PARTS,
-        client=_FEDPROX_CLIENT,
-        settings=(FedProxSettings,),
-        final_test=FinalTest.FINETUNE,
-        paper="FedProx, then head fine-tuning (FedRep's Table 1)",
-    ),
-    AlgorithmSpec(
-        name="scaffold",
-        family=Family.PERSONALIZED,
-        shared=MODEL_PARTS,
-        strategy=_SCAFFOLD_STRATEGY,
-        client=_SCAFFOLD_CLIENT,
-        settings=(ScaffoldSettings,),
-        personal_state=True,  # c_i
-        paper="Karimireddy et al., ICML 2020",
-    ),
-    AlgorithmSpec(
-        name="scaffold-ft",
-        family=Family.PERSONALIZED,
-        shared=MODEL_PARTS,
-        strategy=_SCAFFOLD_STRATEGY,
-        client=_SCAFFOLD_CLIENT,
-        settings=(ScaffoldSettings,),
-        personal_state=True,
-        final_test=FinalTest.FINETUNE,
-        paper="SCAFFOLD, then head fine-tuning (FedRep's Table 1)",
     ),
     AlgorithmSpec(
         name="ditto",

@@ -174,7 +174,7 @@ class FamilySpec:
 _FAMILIES: dict[str, FamilySpec] = {}
 # The built-in families are the modules of this package, registered on first use (in the
 # order of this list where it names them, then by name); nothing here lists a new one.
-FIRST = ("personalized", "linear", "mixture", "sheaf")
+FIRST = ("linear", "personalized", "sheaf", "mixture")
 
 
 def register(spec: FamilySpec, *, replace: bool = False) -> FamilySpec:
@@ -217,9 +217,14 @@ def get(name: str) -> FamilySpec:
 
 
 def all_families() -> list[FamilySpec]:
-    """Every registered family, the built-in ones first."""
+    """Every registered family: the built-in ones first, in the order of ``FIRST``
+    (whichever module imported them first), then the others as registered."""
     _load_built_in()
-    return list(_FAMILIES.values())
+    rank = {name: i for i, name in enumerate(FIRST)}
+    order = sorted(
+        range(len(_FAMILIES)), key=lambda i: (rank.get(list(_FAMILIES)[i], len(rank)), i)
+    )
+    return [list(_FAMILIES.values())[i] for i in order]
 
 
 @functools.cache

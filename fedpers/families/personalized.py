@@ -54,42 +54,6 @@ class DittoSettings:
 
 
 @dataclass(frozen=True)
-class FedProxSettings:
-    """The proximal term of FedProx (the rows `fedprox` and `fedprox-ft`)."""
-
-    HEADING: ClassVar[str] = "fedprox"
-
-    # Chosen on validation (docs/reproducing.md): 0.001 of the FedProx paper's grid
-    # {0.001, 0.01, 0.1, 1}, FedRep's Table 1 setting, seeds 0-2.
-    fedprox_mu: float = setting(
-        0.001,
-        "FedProx: weight of (mu/2)||w - w^t||^2 added to every local step's loss, pulling "
-        "the local model w toward the round's global model w^t (0: FedAvg's update)",
-    )
-
-    def check(self) -> None:
-        at_least("fedprox-mu", self.fedprox_mu, 0.0)
-
-
-@dataclass(frozen=True)
-class ScaffoldSettings:
-    """The server step of SCAFFOLD (the rows `scaffold` and `scaffold-ft`)."""
-
-    HEADING: ClassVar[str] = "scaffold"
-
-    # Chosen on validation (docs/reproducing.md): 0.5 of {0.5, 1}, tied with the
-    # paper's 1 (FedRep's Table 1 setting, seeds 0-2).
-    scaffold_server_lr: float = setting(
-        0.5,
-        "SCAFFOLD: the global step size eta_g, x <- x + eta_g mean(y_i - x) (1: the mean "
-        "of the clients' models)",
-    )
-
-    def check(self) -> None:
-        positive("scaffold-server-lr", self.scaffold_server_lr)
-
-
-@dataclass(frozen=True)
 class APFLSettings:
     """The personal mixture of APFL (the row `apfl`)."""
 
@@ -248,9 +212,6 @@ class ClusteredFLSettings:
         at_least("clustered-fl-max-clusters", self.clustered_fl_max_clusters, 1)
 
 
-# SCAFFOLD's control variates travel beside the model, each under its parameter's name
-# with this prefix: the server's c to the clients, and c + (c_i+ - c_i) back.
-CONTROL = "control."
 # L2GD's coin for the round, in the training message's config: 1 an aggregation step.
 AGGREGATE = "aggregate"
 # Fed-MTL: the number m of tasks (personal models) sampled this round, in the training
@@ -267,19 +228,29 @@ CLUSTERS = "clusters"
 CLUSTERS_UNCHANGED = "clusters-unchanged"
 
 
-def is_control(name: str) -> bool:
-    """Whether the array ``name`` is a SCAFFOLD control variate."""
-    return name.startswith(CONTROL)
-
-
 # Rows whose server step is their own, not the mean that client-level DP releases.
 _OWN_SERVER_STEP = {
-    ScaffoldSettings: "whose control variates travel with the model",
     L2GDSettings: "whose server tracks the mean of all personal models",
     FedMTLSettings: "whose server keeps and relays every personal model",
     PFedMeSettings: "whose server steps by pfedme-beta from the last global model",
     ClusteredFLSettings: "whose server keeps a model per cluster",
 }
+
+
+def refuses_dp(why: str) -> Callable[[RunConfig], None]:
+    """A row's check: its server step is its own, not the mean that client-level DP
+    releases (``why``: what its server does), so ``dp`` is refused before anything
+    starts."""
+
+    def check(run: RunConfig) -> None:
+        dp = run.group(PrivacySettings).dp
+        if dp is not DpMode.NONE:
+            raise ConfigError(
+                f"run-config key 'dp' = '{dp}' does not cover '{run.algorithm}', {why}: "
+                "set dp = 'none', or choose another algorithm."
+            )
+
+    return check
 
 
 def check_server_step(run: RunConfig) -> None:

@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, RecordDict
 from numpy.testing import assert_array_equal
 
 from fedpers import protocol
-from fedpers.clients.scaffold import STATE_CONTROL
+from fedpers.algorithms.scaffold import STATE_CONTROL
 from fedpers.config import RunConfig, load_run_config
 from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from fedpers import privacy
-from fedpers.clients.scaffold import STATE_CONTROL
+from fedpers.algorithms.scaffold import STATE_CONTROL
 from fedpers.privacy import DpSampling
 from fedpers.reports import read_rounds, read_summary
 from fedpers.strategies.server_app import SETTLED_SECONDS
