@@ -375,8 +375,12 @@ def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
 
     def handle(msg: Message, context: Context) -> Message:
         run = _run(context)
-        client = _capable(_client(run, context), query.capability, query.name)
-        arrays, metrics = query.answer(client, run, _arrays(msg), _config(msg))
+        if run.spec.client_class(family=run.family.name) is None:
+            arrays, metrics = _answer(query, run, msg, context)
+        else:
+            assert query.capability is not None and query.answer is not None
+            client = _capable(_client(run, context), query.capability, query.name)
+            arrays, metrics = query.answer(client, run, _arrays(msg), _config(msg))
         if query.faults is Faults.STARTUP:
             arrays = _startup(run, context, arrays)
         elif query.faults is Faults.RELAY:
@@ -386,6 +390,22 @@ def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
     handle.__name__ = handle.__qualname__ = f"query_{query.name}"
     handle.__doc__ = query.doc
     return handle
+
+
+def _answer(query: QuerySpec, run: RunConfig, msg: Message, context: Context) -> Reply:
+    """A family's query answered by the row's update function ``query.function``, for
+    this node (a cohort of one)."""
+    function = run.spec.update_function(query.function, run.family) if query.function else None
+    if function is None:
+        raise TypeError(
+            f"algorithm '{run.algorithm}' cannot answer query.{query.name}: neither its "
+            f"module nor its family's defines '{query.function or query.name}'"
+        )
+    member = Member(_partition(context), context.state, _arrays(msg))
+    cohort = Cohort(run, _config(msg), [member], run.client_threads)
+    arrays, metrics = function(cohort)[0]
+    return arrays, metrics
+
 
 
 algorithms.load_extensions()  # families that installed packages register

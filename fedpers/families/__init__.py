@@ -64,21 +64,30 @@ class QuerySpec:
     name : str
         The action: the message type is ``query.<name>`` (``fedpers.protocol.query_type``).
     capability : type
-        The runtime-checkable ``typing.Protocol`` the client must implement; a client
+        For a row whose client trains one partition at a time (``AlgorithmSpec.client``):
+        the runtime-checkable ``typing.Protocol`` the client must implement; a client
         that does not is refused with a clear error.
     answer : Answer
-        The reply, from the client and the message.
+        For such a row: the reply, from the client and the message.
     faults : Faults
         Which fault injection the answer passes through (tests).
     doc : str
         One line: what it answers.
+    function : str
+        For a row written for a cohort: the name of the update function that answers,
+        ``function(cohort) -> [(arrays, metrics)]`` (one per member; the member's
+        ``arrays`` are the message's), looked up in the row's module, then its family's
+        (``AlgorithmSpec.update_function``); a row without one is refused with a clear
+        error.
     """
 
     name: str
-    capability: type
-    answer: Answer
+    capability: type | None = None
+    answer: Answer | None = None
     faults: Faults = Faults.NONE
     doc: str = ""
+    function: str = ""
+
 
 
 @dataclass(frozen=True)
