@@ -378,7 +378,9 @@ def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
         if run.spec.client_class(family=run.family.name) is None:
             arrays, metrics = _answer(query, run, msg, context)
         else:
-            assert query.capability is not None and query.answer is not None
+            assert query.capability is not None
+            assert query.answer is not None
+
             client = _capable(_client(run, context), query.capability, query.name)
             arrays, metrics = query.answer(client, run, _arrays(msg), _config(msg))
         if query.faults is Faults.STARTUP:
