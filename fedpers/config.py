@@ -273,6 +273,41 @@ class ResourceSettings:
         at_least("client-threads", self.client_threads, 1)
 
 
+class Engine(StrEnum):
+    """How a simulation runs its clients (``engine``)."""
+
+    FLOWER = "flower"  # Flower's simulation engine on Ray: one ClientApp call per message
+    BATCHED = "batched"  # a round's messages as cohorts, one computation each
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a simulation runs its clients (scripts and `fedpers run`)."""
+
+    engine: Engine = setting(
+        Engine.FLOWER,
+        "`flower`: Flower's simulation engine on Ray, one ClientApp call per message; "
+        "`batched`: the same ServerApp, a round's messages trained as cohorts, one "
+        "computation each (fedpers.simulations.batched)",
+    )
+    cohort_size: int = setting(
+        1024, "batched: the most clients of one computation (memory grows with it)"
+    )
+    engine_workers: int = setting(
+        0,
+        "batched: Ray actors the cohorts are sharded over (0: in the script's process; "
+        "on a Ray cluster, actors across its machines)",
+    )
+    engine_threads: int = setting(
+        0, "batched: torch threads of each computation (0: the cores it has)"
+    )
+
+    def check(self) -> None:
+        at_least("cohort-size", self.cohort_size, 1)
+        at_least("engine-workers", self.engine_workers, 0)
+        at_least("engine-threads", self.engine_threads, 0)
+
+
 @dataclass(frozen=True)
 class FaultSettings:
     """Bad replies, injected faults, checkpoints and resume."""
@@ -378,6 +413,7 @@ GROUPS: dict[str, type] = {
     "rounds": RoundSettings,
     "training": TrainingSettings,
     "resources": ResourceSettings,
+    "engine": EngineSettings,
     "faults": FaultSettings,
     "robustness": RobustnessSettings,
     "unseen clients": UnseenSettings,
@@ -425,6 +461,7 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
     UnseenSettings,
     RobustnessSettings,
     FaultSettings,
+    EngineSettings,
     ResourceSettings,
     TrainingSettings,
     RoundSettings,

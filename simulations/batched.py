@@ -10,13 +10,22 @@ mechanism, its reply). Other messages (the start-up and families' queries) run o
 a time through the ClientApp, as on ``InProcessGrid``.
 
 A client's result does not depend on its cohort: ``cohort_size = 1`` is the per-client
-path, and the equality tests compare the two (tests/simulations/test_batched.py).
+path, and the equality tests compare the two (``fedpers.simulations.equality``).
+
+Beyond one process (``workers`` > 0), the nodes are sharded over Ray actors
+(``Shard``: partition ``p`` lives on actor ``p % workers``, its state with it), each
+running its shard's cohorts; the driver, which runs the ServerApp, sends every actor its
+messages of a push at once and collects the replies. On a Ray cluster
+(``RAY_ADDRESS``) the actors spread over its machines, so Ray stays the engine that
+scales past one machine.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
@@ -42,9 +51,15 @@ class BatchedGrid(InProcessGrid):
         Torch threads of the computations (default: as torch has them).
     dtype : str, optional
         ``"float64"`` to compute in double precision (the equality tests).
+    workers : int (default: 0)
+        Ray actors the nodes are sharded over (0: every node in this process).
+    partitions : sequence of int, optional
+        The partitions whose nodes this grid holds (a shard's); default all.
     fail : callable, optional
         As ``InProcessGrid``'s: ``(node, message) -> reason``.
     """
+
+    engine = "batched"  # the ServerApp checks that a run asking for it runs on it
 
     def __init__(
         self,
@@ -54,9 +69,29 @@ class BatchedGrid(InProcessGrid):
         cohort_size: int = COHORT_SIZE,
         threads: int | None = None,
         dtype: str | None = None,
+        workers: int = 0,
+        partitions: Sequence[int] | None = None,
         fail: Callable[[int, Message], str | None] | None = None,
     ) -> None:
         super().__init__(client_app.app, run_config, 0, fail=fail)
+        if cohort_size < 1:
+            raise ValueError(f"cohort_size {cohort_size}: at least 1")
+        self.cohort_size = cohort_size
+        self.dtype = dtype
+        self.nodes = [self.node_of(p) for p in range(num_nodes)]
+        self.partition_of = {node: p for p, node in enumerate(self.nodes)}
+        self.shards: list[Any] = []
+        if workers > 0:
+            self.shards = start_shards(
+                run_config,
+                num_nodes,
+                workers,
+                cohort_size=cohort_size,
+                threads=threads,
+                dtype=dtype,
+            )
+            self.threads = 0
+            return
         shared = dict(run_config)  # one copy for every node: 100,000 nodes hold no copies
         self.contexts = {
             self.node_of(p): Context(
@@ -66,26 +101,39 @@ class BatchedGrid(InProcessGrid):
                 state=RecordDict(),
                 run_config=shared,
             )
-            for p in range(num_nodes)
+            for p in (range(num_nodes) if partitions is None else partitions)
         }
-        if cohort_size < 1:
-            raise ValueError(f"cohort_size {cohort_size}: at least 1")
-        self.cohort_size = cohort_size
         if threads is None:
             import torch
 
             threads = torch.get_num_threads()
         self.threads = threads
-        self.dtype = dtype
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.nodes)
+
+    def close(self) -> None:
+        """Stop the shards' actors (nothing to do in process)."""
+        if self.shards:
+            import ray
+
+            for shard in self.shards:
+                ray.kill(shard)
+            self.shards = []
+            if not os.environ.get("RAY_ADDRESS"):
+                ray.shutdown()  # the Ray this grid started on this machine
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         """Run the messages now, TRAIN and EVALUATE as cohorts; replies wait for
         ``pull_messages``."""
+        if self.shards:
+            return self._push_to_shards(list(messages))
         ids = []
         cohorts: dict[str, list[Message]] = {MessageType.TRAIN: [], MessageType.EVALUATE: []}
         single = []
         for message in messages:
-            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            if not message.metadata.message_id:
+                message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.sent.append(message)
             ids.append(message.metadata.message_id)
             reason = self.fail(message.metadata.dst_node_id, message) if self.fail else None
@@ -113,7 +161,28 @@ class BatchedGrid(InProcessGrid):
                     self.pending[message.metadata.message_id] = reply
         return ids
 
+    def _push_to_shards(self, messages: list[Message]) -> list[str]:
+        """Every shard's messages to its actor at once; their replies wait here."""
+        import ray
+
+        by_shard: list[list[Message]] = [[] for _ in self.shards]
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            partition = self.partition_of[message.metadata.dst_node_id]
+            by_shard[partition % len(self.shards)].append(message)
+
+        calls = [
+            shard.handle.remote(batch)
+            for shard, batch in zip(self.shards, by_shard, strict=True)
+            if batch
+        ]
+        for replies in ray.get(calls):
+            for reply in replies:
+                self.pending[reply.metadata.reply_to_message_id] = reply
+        return [m.metadata.message_id for m in messages]
+
     def _reply_alone(self, message: Message) -> None:
+
         try:
             reply = self.app(message, self.contexts[message.metadata.dst_node_id])
         except Exception as error:
@@ -123,3 +192,81 @@ class BatchedGrid(InProcessGrid):
 
 def _error(message: Message, reason: str) -> Message:
     return Message(Error(code=0, reason=reason), reply_to=message)
+
+
+class Shard:
+    """A Ray actor holding the nodes of partitions ``p % workers == index`` (a
+    ``BatchedGrid`` of its own, in its process) and running their messages."""
+
+    def __init__(
+        self,
+        run_config: Mapping[str, Any],
+        num_nodes: int,
+        partitions: Sequence[int],
+        *,
+        cohort_size: int,
+        threads: int,
+        dtype: str | None,
+    ) -> None:
+        from fedpers.simulations.inprocess import set_task_identity
+
+        set_task_identity()
+        self.grid = BatchedGrid(
+            run_config,
+            num_nodes,
+            cohort_size=cohort_size,
+            threads=threads,
+            dtype=dtype,
+            partitions=partitions,
+        )
+
+    def handle(self, messages: list[Message]) -> list[Message]:
+        """The replies to ``messages`` (each addressed to a node of this shard)."""
+        return self.grid.pull_messages(self.grid.push_messages(messages))
+
+
+def start_shards(
+    run_config: Mapping[str, Any],
+    num_nodes: int,
+    workers: int,
+    *,
+    cohort_size: int,
+    threads: int | None,
+    dtype: str | None,
+) -> list[Any]:
+    """``workers`` Ray actors, each holding a shard of the nodes: on the Ray cluster of
+    ``RAY_ADDRESS`` where set (its machines' cores and GPUs), else on a Ray started on
+    this machine (its temporary folder in the work folder). Each actor reserves
+    ``threads`` cores (default: this machine's cores shared out) and, where a GPU is
+    visible and the run's device allows it, one GPU."""
+    import ray
+
+    from fedpers.simulations.launch import ray_directory, work_directory
+
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's FutureWarning
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if not address:
+            options["_temp_dir"] = str(ray_directory(work_directory()).resolve())
+        ray.init(address=address, logging_level=logging.ERROR, **options)
+    cores = threads or max(1, (os.cpu_count() or 1) // workers)
+    gpus = 1 if str(run_config.get("device", "auto")) != "cpu" and _gpus() >= workers else 0
+    actor = ray.remote(num_cpus=cores, num_gpus=gpus)(Shard)
+    return [
+        actor.remote(
+            dict(run_config),
+            num_nodes,
+            list(range(index, num_nodes, workers)),
+            cohort_size=cohort_size,
+            threads=cores,
+            dtype=dtype,
+        )
+        for index in range(workers)
+    ]
+
+
+def _gpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.simulations import check
-from fedpers.simulations.flags import output_parser, run_config_values, seeds_of
+from fedpers.simulations.flags import output_parser, seeds_of, settings
 
 FIGURES = ("final_accuracy", "private_accuracy", "final_principal_angle_distance")
 
@@ -54,8 +54,8 @@ def run(argv: Sequence[str]) -> int:
             "the configuration as given: set num-rounds (and num-clients) to shrink it"
         )
     args.run_config = [*args.config, *args.run_config]
-    values: dict[str, Any] = run_config_values(args.run_config)
-    values.pop("seed", None)
+    values: dict[str, Any] = settings(args, {})
+
     algorithm = str(values.get("algorithm", "fedrep"))
     seeds = seeds_of(args)
     directories = run_methods(args, values, [algorithm], seeds)

@@ -94,8 +94,18 @@ def output_parser(
         "with 0, Ray hides the GPUs from the clients; default: %(default)s)",
     )
     parser.add_argument(
+        "--engine",
+        dest="key_engine",
+        choices=("flower", "batched"),
+        default=None,
+        help="run-config key 'engine': 'flower' runs every run through `flwr run` on "
+        "Flower's Ray engine (the default); 'batched' runs the same ServerApp in this "
+        "script's processes with a round's clients trained as cohorts",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a small, fast version (for tests and CI)"
     )
+
     parser.add_argument(
         "--overwrite",
         action="store_true",

@@ -25,7 +25,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedpers.clients.client_app import app as client_app
-from fedpers.config import schema_defaults
+from fedpers.config import Engine, schema_defaults
 from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
 from fedpers.simulations import launch
 from fedpers.simulations.launch import FlowerRunError
@@ -151,9 +151,11 @@ class InProcessSimulation:
         keep_home: bool = False,
         environment: Mapping[str, str] | None = None,
         batched: Mapping[str, Any] | None = None,
+        threads: int | None = None,
     ) -> None:
         self.runs: list[str] = []
         self.process = None
+        self.threads = threads  # the batched engine's torch threads (None: as torch has)
         # with ``batched`` (BatchedGrid's keywords: cohort_size, threads, dtype), the
         # nodes' TRAIN and EVALUATE messages run as cohorts (the batched engine)
         self.batched = batched
@@ -179,10 +181,16 @@ class InProcessSimulation:
             raise ResultsExistError(f"{directory} already holds results; remove it first")
         values = config.to_mapping()
         nodes = num_supernodes or config.num_clients
-        if self.batched is not None:
+        if self.batched is not None or config.engine is Engine.BATCHED:
             from fedpers.simulations.batched import BatchedGrid
 
-            grid: InProcessGrid = BatchedGrid(values, nodes, **self.batched)
+            options = {
+                "cohort_size": config.cohort_size,
+                "threads": config.engine_threads or self.threads,
+                "workers": config.engine_workers,
+                **(self.batched or {}),
+            }
+            grid: InProcessGrid = BatchedGrid(values, nodes, **options)
         else:
             grid = InProcessGrid(client_app, values, nodes)
         self.grid = grid
@@ -197,6 +205,11 @@ class InProcessSimulation:
                 ended = f"{type(error).__name__}: {error}"
             else:
                 ended = "no error"
+            finally:
+                close = getattr(grid, "close", None)
+                if close is not None:
+                    close()
+
         if (directory / SUMMARY_FILE).exists():
             return directory
         failure = directory / FAILURE_FILE
@@ -211,7 +224,8 @@ class InProcessSimulation:
         return [self.run(overrides, **kwargs) for overrides in runs]
 
 
-def run_in_process(overrides: Mapping[str, Any]) -> Path:
-    """One run in this process (``InProcessSimulation``), for a process pool: its
-    results directory; a run that did not finish raises ``FlowerRunError``."""
-    return InProcessSimulation().run(overrides)
+def run_in_process(overrides: Mapping[str, Any], threads: int | None = None) -> Path:
+    """One run in this process (``InProcessSimulation``; ``threads``: the batched
+    engine's torch threads), for a process pool: its results directory; a run that did
+    not finish raises ``FlowerRunError``."""
+    return InProcessSimulation(threads=threads).run(overrides)

@@ -146,10 +146,28 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
     validate_runs(runs)
     kwargs = resources(args)
     prepare_output(args.out, overwrite=args.overwrite)
-    if getattr(args, "in_process", False):  # not keeping going: every run gave a Path
+    if getattr(args, "in_process", False) or batched(runs):  # every run gave a Path
         return cast(list[Path], run_in_process_pool(runs, parallelism(args), keep_going=False))
     with LocalSimulation() as simulation:
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+
+
+def batched(runs: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the runs ask for the batched engine (``engine = "batched"``): then they
+    run in this script's processes (``run_in_process_pool``), not through `flwr run`.
+
+    Raises
+    ------
+    SystemExit
+        If some do and others do not (a script runs all its runs on one engine).
+    """
+    from fedpers.config import Engine
+    from fedpers.simulations.launch import resolved_config
+
+    engines = {resolved_config(r).engine for r in runs}
+    if len(engines) > 1:
+        raise SystemExit("error: the runs ask for different engines; give one --engine")
+    return engines == {Engine.BATCHED}
 
 
 PARENT_POLL_SECONDS = 1.0
@@ -192,7 +210,9 @@ def run_in_process_pool(
         initializer=follow_parent,
         initargs=(os.getpid(),),
     ) as pool:
-        futures: list[Future[Path]] = [pool.submit(run_in_process, dict(r)) for r in runs]
+        threads = max(1, (os.cpu_count() or 1) // parallel)  # the batched engine's share
+        futures: list[Future[Path]] = [pool.submit(run_in_process, dict(r), threads) for r in runs]
+
         done: list[Path | None] = []
         for future, overrides in zip(futures, runs, strict=True):
             try:

@@ -25,7 +25,7 @@ from fedpers.checkpoint import (
     configuration_digest,
     load_checkpoint,
 )
-from fedpers.config import RunConfig
+from fedpers.config import ConfigError, Engine, RunConfig
 from fedpers.families import RunSummary
 from fedpers.logs import route_to_flower
 from fedpers.protocol import FinalTestResult
@@ -73,6 +73,24 @@ def simulated(grid: Grid) -> bool:
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
 
+def check_engine(config: RunConfig, grid: Grid) -> None:
+    """A run that asks for the batched engine runs on it: the scripts and ``fedpers
+    run`` start it (``fedpers.simulations.batched``); ``flwr run`` runs Flower's.
+
+    Raises
+    ------
+    ConfigError
+        Before anything is written, naming the key and the fix.
+    """
+    running = getattr(grid, "engine", Engine.FLOWER)
+    if config.engine is Engine.BATCHED and running != Engine.BATCHED:
+        raise ConfigError(
+            "run-config key 'engine' = 'batched' asks for fedpers' batched engine, which "
+            "the scripts and `fedpers run` start (--engine batched, or this key); "
+            "`flwr run` and a deployment run Flower's engine: set engine = 'flower' there."
+        )
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run one algorithm for ``num-rounds`` rounds and write its results directory.
@@ -83,6 +101,8 @@ def main(grid: Grid, context: Context) -> None:
     started = {"serverapp_started": time.time()}
     route_to_flower()
     config = RunConfig.from_mapping(context.run_config)
+    check_engine(config, grid)
+
     run_name = (
         config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
