@@ -360,12 +360,22 @@ class RobustnessSettings:
         "as one vector), in multiples of the lower median of the round's; beyond it the "
         "reply is left out",
     )
+    # 101 voters: the vote costs a few milliseconds per voter; a wrong model wins with
+    # probability below 1e-11 where a fifth of the nodes would send it, 3e-4 where a
+    # third would, whatever the node count (docs/architecture.md, invariant 4).
+
+    vote_size: int = setting(
+        101,
+        "nodes that vote on the initial model, drawn afresh by the server's secret "
+        "generator (every node where there are no more)",
+    )
 
     def check(self) -> None:
         within("aggregation-trim", self.aggregation_trim, "[0, 0.5)")
         positive("aggregation-clip", self.aggregation_clip)
         at_least("weight-cap", self.weight_cap, 1)
         at_least("update-cap", self.update_cap, 1)
+        at_least("vote-size", self.vote_size, 1)
 
 
 @dataclass(frozen=True)

@@ -102,14 +102,19 @@ class FedpersStrategy(Strategy):
         it.
 
         Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start. Every node is asked for the SHA-256 of what it
-        builds (32 bytes, ``protocol.arrays_digest``), and nodes of equal digests form a
-        group. From the largest group down, the server fetches one member's arrays: a
-        group whose members send none that pass screening and match their digest casts
-        no vote. The model is that of the group with more than half of the votes cast,
-        so no minority of nodes chooses it (three nodes were asked before: two colluders
-        chose the start), and nodes that send a broken model cannot block the others.
-        In a clean run one group holds every node and one fetch decides.
+        code (and no torch) to start. The voters (``voters``: every node, or
+        ``vote-size`` of them drawn by the server's secret generator) are asked for the
+        SHA-256 of what they build (32 bytes, ``protocol.arrays_digest``), and nodes of
+        equal digests form a group. From the largest group down, the server fetches one
+        member's arrays: a group whose members send none that pass screening and match
+        their digest casts no vote. The model is that of the group with more than half
+        of the votes cast, so no minority of the voters chooses it (three nodes were
+        asked before: two colluders chose the start), and nodes that send a broken model
+        cannot block the others. With a drawn sample, a wrong model wins only if the
+        sample happens to hold a majority of nodes that send it: a hypergeometric tail
+        (docs/architecture.md, invariant 4). In a clean run one group holds every voter
+        and one fetch decides.
+
 
         Raises
         ------
@@ -118,11 +123,11 @@ class FedpersStrategy(Strategy):
         """
         if not self.shared:
             return ArrayRecord()
-        everyone = sorted(self.federation.node_of_partition)
         ask = RecordDict({protocol.CONFIG: ConfigRecord({protocol.DIGEST: 1})})
         digests = self.startup(
-            grid, protocol.QUERY_INITIAL, everyone, ask, timeout, check=_digest_defect
+            grid, protocol.QUERY_INITIAL, self.voters(), ask, timeout, check=_digest_defect
         )
+
         groups: dict[bytes, list[int]] = {}
         for partition, answer in sorted(digests.items()):
             groups.setdefault(answer[protocol.DIGEST].tobytes(), []).append(partition)
@@ -150,6 +155,17 @@ class FedpersStrategy(Strategy):
                 f"{protocol.QUERY_INITIAL}: its initial model is not the majority's",
             )
         return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+    def voters(self) -> list[int]:
+        """The partitions that vote on the initial model: every one where there are at
+        most ``vote-size``, else ``vote-size`` distinct ones drawn by the server's secret
+        generator (unknown to the nodes beforehand, so no node can arrange to be asked),
+        sorted."""
+        everyone = sorted(self.federation.node_of_partition)
+        if len(everyone) <= self.run.vote_size:
+            return everyone
+        chosen = privacy.secret_generator().choice(everyone, self.run.vote_size, replace=False)
+        return sorted(int(p) for p in chosen)
 
     def _arrays_of_digest(
         self, grid: Grid, digest: bytes, members: list[int], timeout: float

@@ -28,7 +28,7 @@ from fedpers.families.linear import BODY as LINEAR_BODY
 from fedpers.results import RoundRecord
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
-from tests.helpers import InProcessGrid, run_config
+from tests.helpers import InProcessGrid, client_of, run_config
 
 NODES = 4
 ATTACKER = 2
@@ -564,3 +564,37 @@ def test_a_private_run_clips_an_update_instead_of_judging_it_by_the_others() -> 
     # the round's state: the mean of four updates each clipped to 0.5 (no noise)
     adopted = strategy.adopted  # type: ignore[attr-defined]
     assert screening.update_norm(adopted, strategy.current_shared) <= 0.5 + 1e-6
+
+
+def test_a_large_federation_votes_on_the_initial_model_by_a_secret_sample() -> None:
+    """With more nodes than ``vote-size``, that many distinct nodes are asked for their
+    digest (and one of them for its arrays); the start is the seeded model."""
+    values = run_config(dataset="digits", num_clients=12, vote_size=5)
+    config = RunConfig.from_mapping(values)
+    grid = InProcessGrid(client_app, values, config.num_clients)
+    strategy = build_strategy(config)
+    strategy.federation.connect(grid, timeout=5)
+    start = strategy.initial_arrays(grid, timeout=5)
+    asked = [
+        m.metadata.dst_node_id
+        for m in grid.sent
+        if m.metadata.message_type == protocol.QUERY_INITIAL
+        and protocol.CONFIG in m.content.config_records
+    ]
+    assert len(asked) == len(set(asked)) == 5
+    seeded = client_of(config, 0).initial_arrays()
+    for name, value in seeded.items():
+        np.testing.assert_array_equal(start[name].numpy(), value)
+
+
+@pytest.mark.parametrize(("share", "bound"), [(0.2, 1e-11), (1 / 3, 3e-4)])
+def test_the_sampled_vote_is_won_by_a_wrong_model_as_rarely_as_the_docs_say(
+    share: float, bound: float
+) -> None:
+    """The hypergeometric tail of docs/architecture.md (invariant 4), by scipy: a wrong
+    model needs a strict majority of the 101 voters drawn without replacement."""
+    from scipy.stats import hypergeom
+
+    voters = RunConfig.from_mapping(run_config()).vote_size
+    for nodes in (1_000, 10_000, 100_000):
+        assert hypergeom.sf(voters // 2, nodes, int(share * nodes), voters) < bound
