@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
+from torch.nn import functional as F
 
 from fedpers import protocol, records
 from fedpers.cohort import Arrays, Cohort, Member, Metrics, Reply
@@ -25,6 +26,7 @@ from fedpers.models import build_model
 from fedpers.seeding import int_seed
 from fedpers.training import (
     Augment,
+    Batch,
     CohortData,
     EvalStats,
     Objective,
@@ -36,6 +38,7 @@ from fedpers.training import (
     evaluate,
     random_crop_flip,
     resolve_device,
+    step_losses,
     train,
 )
 
@@ -276,6 +279,23 @@ def proximal(weight: float) -> Objective:
     return objective
 
 
+def mean_losses(stack: Stack, tensors: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
+    """Every member's mean cross-entropy on its batch of ``batch`` (K,), its model
+    ``stack``'s architecture with ``tensors`` (a step's own values: Per-FedAvg's adapted
+    ``w'``, pFedMe's ``theta``), its dropout masks replayed: the plain mean
+    (``F.cross_entropy``) where every member has a batch of the same size, so that a
+    member alone does its loop's operations, else the mean of its real rows."""
+    full = batch.full
+
+    def objective(model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor:
+        x, y, weight, count, _ = batch
+        if full:
+            return F.cross_entropy(model(x), y)
+        return (F.cross_entropy(model(x), y, reduction="none") * weight).sum() / count
+
+    return step_losses(Stack(stack.template, dict(tensors), stack.stored), objective, batch, None)
+
+
 def fit_replies(stack_arrays: Sequence[Arrays], stats: Sequence[TrainStats]) -> list[Reply]:
     """Training replies: each member's arrays, its samples and its loss."""
     return [
@@ -284,17 +304,18 @@ def fit_replies(stack_arrays: Sequence[Arrays], stats: Sequence[TrainStats]) -> 
     ]
 
 
-def kept(member: Member) -> Arrays:
-    """What a member stored under ``STATE_PERSONAL`` (nothing before its first round)."""
-    stored = member.state.get(protocol.STATE_PERSONAL)
+def kept(member: Member, key: str = protocol.STATE_PERSONAL) -> Arrays:
+    """What a member stored under ``key`` (nothing before it first stored it)."""
+    stored = member.state.get(key)
     if not isinstance(stored, ArrayRecord):
         return {}
     return {k: records.values(v) for k, v in stored.items()}
 
 
 def to_record(arrays: Arrays) -> ArrayRecord:
-    """Arrays as an ``ArrayRecord`` for ``context.state``."""
-    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+    """Arrays as an ``ArrayRecord`` for ``context.state``: contiguous copies of their own
+    shapes (BatchNorm's 0-d step counts stay 0-d)."""
+    return ArrayRecord({name: Array(np.array(a, order="C")) for name, a in arrays.items()})
 
 
 def test_metrics(stats: EvalStats) -> Metrics:

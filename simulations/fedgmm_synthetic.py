@@ -22,7 +22,8 @@ on the clients' validation splits, FedGMM, seed 0, by ``simulations.tune --key l
 0.935 / 0.774 / 0.737 at lr 0.1 / 0.3 / 0.5 / 1 / 2 / 4. (Before, 0.5, set by a
 reference loop on test data.) The baselines use the same lr; they were not tuned apart,
 and FedProx uses ``fedprox-mu`` as chosen on FedRep's Table 1 setting. FedAvg+ adapts
-the whole global model for the same 2 epochs before each test (``clients/fedavg_plus.py``).
+the whole global model for the same 2 epochs before each test
+(``fedpers/algorithms/fedavg_plus.py``).
 Clustered FL splits with FedEM's thresholds (0.4, 1.6), not tuned here. pFedMe's lambda
 is chosen on validation (docs/reproducing.md) below the paper's 15, which at lr 1 would
 step w past theta.

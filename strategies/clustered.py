@@ -40,7 +40,7 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
 from fedpers.aggregation import Aggregation
-from fedpers.families.personalized import (
+from fedpers.algorithms.clustered_fl import (
     ASSIGNMENT,
     CLUSTER,
     CLUSTERS,

@@ -1,15 +1,15 @@
-"""Fed-MTL's server (the client and the regularizer are ``clients/fedmtl.py``). It keeps
-every client's personal model, as the FedRep authors' loop does, so that a sampled
-client can be sent the mean of the other sampled clients' models as they were when the
-round began: the global state is one model per seen client, named
-``task.<partition>.<parameter>`` (``fedpers.families.personalized.TASK``), all the
-seeded initial model at first. It is checkpointed with the run, and each round the
-replies kept replace their clients' models. The models of the ``m`` clients sampled
-are combined by the run's ``aggregation`` (equal weights), so a robust aggregation
-bounds what one client's model does to the others' regularizer; a round with one
-client sampled sends zeros (the trace term is then zero). Evaluation sends nothing:
-clients test their own model. Memory: the server holds n models (100 x 14,154 floats,
-5.7 MB, in FedRep's Table 1 analogue).
+"""Fed-MTL's server (the clients' update and the regularizer are
+``fedpers/algorithms/fed_mtl.py``). It keeps every client's personal model, as the
+FedRep authors' loop does, so that a sampled client can be sent the mean of the other
+sampled clients' models as they were when the round began: the global state is one
+model per seen client, named ``task.<partition>.<parameter>``
+(``fedpers.algorithms.fed_mtl.TASK``), all the seeded initial model at first. It is
+checkpointed with the run, and each round the replies kept replace their clients'
+models. The models of the ``m`` clients sampled are combined by the run's
+``aggregation`` (equal weights), so a robust aggregation bounds what one client's model
+does to the others' regularizer; a round with one client sampled sends zeros (the trace
+term is then zero). Evaluation sends nothing: clients test their own model. Memory: the
+server holds n models (100 x 14,154 floats, 5.7 MB, in FedRep's Table 1 analogue).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
-from fedpers.families.personalized import TASK, TASKS
+from fedpers.algorithms.fed_mtl import TASK, TASKS
 from fedpers.strategies import screening
 from fedpers.strategies.base import FedpersStrategy, mean_metrics
 

@@ -1,7 +1,7 @@
-"""L2GD's server (Hanzely and Richtarik, 2020, Algorithm 1; the client is
-``clients/l2gd.py``). The global model is ``x_bar``, the mean of all ``n`` clients'
-personal models: they all start as the seeded initial model, and each round, over the
-replies ``S`` kept (each ``x_bar + (x_i^new - x_i^old)``),
+"""L2GD's server (Hanzely and Richtarik, 2020, Algorithm 1; the clients' update is
+``fedpers/algorithms/l2gd.py``). The global model is ``x_bar``, the mean of all ``n``
+clients' personal models: they all start as the seeded initial model, and each round,
+over the replies ``S`` kept (each ``x_bar + (x_i^new - x_i^old)``),
 
     x_bar <- x_bar + (|S| / n) mean_S(reply - x_bar)
 
@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers.families.personalized import AGGREGATE, L2GDSettings
+from fedpers.algorithms.l2gd import AGGREGATE, L2GDSettings
 from fedpers.seeding import rng
 from fedpers.strategies.base import FedpersStrategy, step_toward
 

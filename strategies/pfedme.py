@@ -1,5 +1,5 @@
 """pFedMe's server (T Dinh et al., NeurIPS 2020, Algorithm 1; the client is
-``clients/pfedme.py``): over the replies ``S`` kept,
+``fedpers/algorithms/pfedme.py``): over the replies ``S`` kept,
 
     w <- (1 - beta) w + beta mean_S(w_i)
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpers.families.personalized import PFedMeSettings
+from fedpers.algorithms.pfedme import PFedMeSettings
 from fedpers.strategies.base import FedpersStrategy, step_toward
 
 

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
 from fedpers import protocol
-from fedpers.clients.apfl import ALPHA, STATE_ALPHA, APFLClient
+from fedpers.algorithms.apfl import ALPHA, STATE_ALPHA, APFLSettings
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
-from fedpers.families.personalized import APFLSettings
 from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
 from tests.helpers import client_of, run_config
@@ -107,14 +106,14 @@ def test_a_fixed_alpha_stays_and_the_client_is_tested_with_the_mixture() -> None
     )
     state = RecordDict()
     client = client_of(run, 2, state)
-    assert isinstance(client, APFLClient)
+    assert client.run.spec.update == "fedpers.algorithms.apfl"
     w = client.initial_arrays()
     train = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 2, protocol.LR: 0.05})
     reply, _ = client.fit(dict(w), train)
     assert float(state[STATE_ALPHA][ALPHA].numpy()[0]) == run.group(APFLSettings).apfl_alpha
     # The mixture alpha v + (1 - alpha) w, built here, tests as the client does
     again = client_of(run, 2, state)
-    a = again.alpha
+    a = float(state[STATE_ALPHA][ALPHA].numpy()[0])
     v = {k: t.numpy() for k, t in state[protocol.STATE_PERSONAL].items()}
     mixed = {k: (a * v[k] + (1 - a) * reply[k]).astype(np.float32) for k in reply}
     data = client_data(run, 2)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fedpers import protocol
+from fedpers.algorithms.fed_mtl import TASK
 from fedpers.config import RunConfig, load_run_config
-from fedpers.families.personalized import TASK
 from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
+from fedpers.algorithms.clustered_fl import ASSIGNMENT, CLUSTER
 from fedpers.config import RunConfig, load_run_config
-from fedpers.families.personalized import ASSIGNMENT, CLUSTER
 from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, tiny_rounds, training_tensors
 
