@@ -41,6 +41,7 @@ from flwr.app import ConfigRecord, RecordDict
 from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
 
 from fedpers import gmm, protocol
+from fedpers.algorithms import fedgmm
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.families import mixture as mixture_family
@@ -186,11 +187,10 @@ def sample_scores(
     out = {}
     for method in ("fedgmm", "fedem"):
         config, arrays = runs[method]
-        client = config.spec.client_class()(config, 0, RecordDict())
-        client.load_learners(arrays)
+        densities = fedgmm.GAUSSIANS if method == "fedgmm" else mixture_family.NO_DENSITY
         log_weights = np.log(arrays[mixture_family.MIXTURE_WEIGHTS])
-        log_gauss = client.log_densities(x, arrays)
-        probs = gmm.predict_proba(log_weights, log_gauss, np.exp(client.learner_log_probs(x)))
+        log_gauss = densities.log_densities(config, x, arrays)
+        probs = gmm.predict_proba(log_weights, log_gauss, np.exp(_log_probs(config, arrays, x)))
         confidence = np.log(np.maximum(probs.max(axis=1), 1e-300))
         if method == "fedgmm":
             log_px = gmm.log_marginal(log_weights, log_gauss)
@@ -200,8 +200,6 @@ def sample_scores(
             out["fedem"] = probs.max(axis=1)
     import torch
 
-    from fedpers.clients.fedavg_plus import FedAvgPlusClient
-
     def max_softmax(model: torch.nn.Module) -> np.ndarray:
         with torch.no_grad():
             model.eval()
@@ -210,16 +208,53 @@ def sample_scores(
 
     for method in ("fedavg", "fedprox"):
         config, arrays = runs[method]
-        client = config.spec.client_class()(config, 0, RecordDict())
-        client.load_shared(arrays)
-        out[method] = max_softmax(client.model)
+        out[method] = max_softmax(_global_model(config, arrays))
     config, arrays = runs["fedavg"]
-    plus = FedAvgPlusClient(config, partition, RecordDict())
-    plus.load_shared(arrays)
     last = ConfigRecord({protocol.ROUND: config.num_rounds, protocol.LR: config.lr})
-    data = client_data(config, partition)
-    out["fedavg-plus"] = max_softmax(plus.adapted(data.x_train, data.y_train, last))
+    out["fedavg-plus"] = max_softmax(_adapted_copy(config, arrays, last, partition))
     return out
+
+
+def _adapted_copy(
+    config: RunConfig, arrays: dict[str, np.ndarray], settings: ConfigRecord, partition: int
+) -> Any:
+    """Client ``partition``'s copy of the global model after FedAvg+'s adaptation before
+    a test (``fedpers.algorithms.fedavg_plus``: the run's epochs on its training data)."""
+    from fedpers import update
+    from fedpers.algorithms import fedavg_plus
+    from fedpers.cohort import Cohort, Member
+
+    member = Member(partition, RecordDict(), arrays)
+    local = update.Personalized(Cohort(config, settings, [member]))
+    model = _global_model(config, arrays)
+    fedavg_plus.adapted(local, local.train_data()).load(0, model)
+    return model
+
+
+def _log_probs(config: RunConfig, arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Every learner's ``log softmax(f_m(x))`` (n, M2, K) under the final global
+    learners (the mixture family's update for a cohort of one)."""
+    from fedpers import mixture_update
+    from fedpers.cohort import Cohort, Member
+
+    member = Member(0, RecordDict(), arrays)
+    local = mixture_update.Mixture(
+        Cohort(config, ConfigRecord(), [member]), mixture_family.NO_DENSITY
+    )
+    unlabelled = local.cohort_data([x], [np.zeros(len(x), dtype=np.int64)])  # labels unused
+    return local.log_probs(local.stacked(), unlabelled)[0]
+
+
+def _global_model(config: RunConfig, arrays: dict[str, np.ndarray]) -> Any:
+    """The seeded model with the run's final global arrays."""
+    from fedpers.models import build_model, load_part_arrays
+    from fedpers.seeding import int_seed
+
+    model = build_model(
+        config.model_name, config.num_classes, int_seed(config.seed, "model"), config.input_shape
+    )
+    load_part_arrays(model, arrays)
+    return model
 
 
 def _load(directory: Path) -> tuple[RunConfig, dict[str, np.ndarray]]:

@@ -3,22 +3,24 @@
 The server keeps M2 learners (and, for FedGMM, M1 Gaussian components of an embedding
 of the inputs) and aggregates them by the clients' summed responsibilities; each client
 keeps its mixture weights pi on the device (``strategies/fedem.py``,
-``strategies/fedgmm.py``, ``clients/fedem.py``, ``clients/fedgmm.py``; the math is
-``fedpers.gmm``). This module holds the family's settings and enums, its checks, its
-wire names, FedGMM's three start-up queries and the summary. The synthetic mixtures
-of FedGMM's Section 4.1 (the data set ``mixture``) are the family's data set; every
-algorithm may run on them.
+``strategies/fedgmm.py``, the rows ``fedpers/algorithms/fedem.py`` and
+``fedpers/algorithms/fedgmm.py``; the math is ``fedpers.gmm``). This module holds the
+family's settings and enums, its wire names, FedGMM's three start-up queries, the
+summary and the family's local update of a cohort (``fit``, ``evaluate``,
+``initial_arrays``; the torch side is ``fedpers.mixture_update``), which a row
+specializes by the densities it models on the inputs (``Densities``: FedEM none,
+FedGMM Gaussians over an embedding). The synthetic mixtures of FedGMM's Section 4.1
+(the data set ``mixture``) are the family's data set; every algorithm may run on them.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
-from flwr.app import ConfigRecord
+import numpy as np
 
 from fedpers import families, protocol
 from fedpers.data.mixture import (  # the data set's settings, declared here for the docs
@@ -27,13 +29,13 @@ from fedpers.data.mixture import (  # the data set's settings, declared here for
 )
 from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary, personalized
 from fedpers.faults import FaultTargets
-from fedpers.settings import ConfigError, at_least, setting
+from fedpers.settings import at_least, setting
 
 if TYPE_CHECKING:
+    from fedpers.cohort import Cohort, Reply
     from fedpers.config import RunConfig
 
 NAME = "mixture"
-GMM_ALGORITHM = "fedgmm"  # the one algorithm whose Gaussians model an embedding (gmm-*)
 
 
 # --------------------------------------------------------------------------- modes
@@ -147,70 +149,73 @@ QUERY_SUMMARY = protocol.query_type(MixtureQuery.SUMMARY)
 QUERY_ASSIGN = protocol.query_type(MixtureQuery.ASSIGN)
 
 
-@runtime_checkable
-class MixtureInitializer(Protocol):
-    """FedGMM's start-up queries (``query.pca``, ``query.summary``, ``query.assign``)."""
+# ---- The densities a row models on the inputs ------------------------------------------
+@dataclass(frozen=True)
+class Densities:
+    """What a row of the family models of the inputs ``x``, beside its learners'
+    ``P(y | x)``: its M1 components, their log-densities and the statistics its
+    clients send for the server's M-step.
 
-    def pca_moments(self) -> Arrays:
-        """Moment statistics of the embedding inputs."""
-        ...
+    Parameters
+    ----------
+    components : callable
+        ``components(run)``: the number of components M1.
+    log_densities : callable
+        ``log_densities(run, x, arrays)``: ``log N(z_i; m1)`` (n, M1), from the arrays
+        the server sent.
+    statistics : callable
+        ``statistics(run, x, responsibilities, arrays)``: the arrays a client sends
+        besides its learners and ``gamma`` (responsibilities of shape (n, M1, M2)).
+    """
 
-    def summary(self, arrays: Arrays) -> Arrays:
-        """Local k-means centroids and counts."""
-        ...
-
-    def assignment_statistics(self, arrays: Arrays) -> Arrays:
-        """Statistics of the samples assigned to the nearest initial mean."""
-        ...
-
-
-def _pca(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.pca_moments(), {}
-
-
-def _summary(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.summary(arrays), {}
+    components: Callable[[RunConfig], int]
+    log_densities: Callable[[RunConfig, np.ndarray, Arrays], np.ndarray]
+    statistics: Callable[[RunConfig, np.ndarray, np.ndarray, Arrays], Arrays]
 
 
-def _assign(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.assignment_statistics(arrays), {}
+def _one_component(run: RunConfig) -> int:
+    return 1
 
 
-# ------------------------------------------------------------------------- checks
-def check_embedding(run: RunConfig) -> None:
-    """FedGMM's embedding: weights on this machine for ``resnet18``, images for it, and a
-    PCA no wider than the inputs."""
-    if run.algorithm != GMM_ALGORITHM:
-        return
-    values = settings(run)
-    chosen = embedding(run)
-    if chosen == Embedding.RESNET18:
-        if not values.gmm_encoder_weights:
-            raise ConfigError(
-                "run-config key 'gmm-embedding' = 'resnet18' needs 'gmm-encoder-weights': "
-                "the path of a torchvision resnet18 state dict on this machine "
-                "(weights are never downloaded at run time)."
-            )
-        if not Path(values.gmm_encoder_weights).is_file():
-            raise ConfigError(
-                f"run-config key 'gmm-encoder-weights' = '{values.gmm_encoder_weights}' "
-                "is not a file; save a resnet18 state dict there first."
-            )
-        if run.dataset_info.image_shape is None:
-            raise ConfigError("run-config key 'gmm-embedding' = 'resnet18' needs image data.")
-    if chosen == Embedding.PCA:
-        flat = math.prod(run.input_shape)
-        if values.gmm_embedding_dim > flat:
-            raise ConfigError(
-                f"run-config key 'gmm-embedding-dim' = {values.gmm_embedding_dim} exceeds "
-                f"the {flat} input dimensions of dataset='{run.dataset}'."
-            )
+def _no_density(run: RunConfig, x: np.ndarray, arrays: Arrays) -> np.ndarray:
+    return np.zeros((len(x), 1))
+
+
+def _no_statistics(
+    run: RunConfig, x: np.ndarray, responsibilities: np.ndarray, arrays: Arrays
+) -> Arrays:
+    return {}
+
+
+NO_DENSITY = Densities(_one_component, _no_density, _no_statistics)
+"""FedEM's: one cell per learner, ``log N = 0``, nothing sent but learners and gamma."""
+
+
+# ----------------------------------------------------------------- local update
+def fit(cohort: Cohort, *, densities: Densities = NO_DENSITY) -> list[Reply]:
+    """The family's local update of a cohort: each member's E-step, the M-step of its
+    ``pi_c`` (kept in its ``context.state``), then the responsibility-weighted epochs
+    of its learners; replies the learners, ``gamma_c`` and the densities' statistics
+    (``fedpers.mixture_update.Mixture.fit``)."""
+    from fedpers import mixture_update
+
+    return mixture_update.Mixture(cohort, densities).fit()
+
+
+def evaluate(cohort: Cohort, *, densities: Densities = NO_DENSITY) -> list[Metrics]:
+    """Each member's test figures with its mixture's prediction; unseen members first
+    adapt ``pi`` on their adaptation split."""
+    from fedpers import mixture_update
+
+    return mixture_update.Mixture(cohort, densities).evaluate()
+
+
+def initial_arrays(cohort: Cohort) -> Arrays:
+    """The seeded learners, each under its ``learnerM.`` prefix, as every node builds
+    them."""
+    from fedpers import mixture_update
+
+    return mixture_update.Mixture(cohort, NO_DENSITY).initial_arrays()
 
 
 def summary(done: RunSummary) -> dict[str, object]:
@@ -231,29 +236,25 @@ FAMILY = families.register(
         name=NAME,
         summary=summary,
         groups=(MixtureDataSettings, MixtureSettings),
-        checks=(check_embedding,),
         fault_targets=FaultTargets(responsibilities=(GAMMA,), second_moments=(STATS_SECOND,)),
         queries=(
             QuerySpec(
                 MixtureQuery.PCA,
-                MixtureInitializer,
-                _pca,
-                Faults.STARTUP,
-                "FedGMM: moment statistics of the embedding inputs (pooled PCA)",
+                faults=Faults.STARTUP,
+                doc="FedGMM: moment statistics of the embedding inputs (pooled PCA)",
+                function="pca_moments",
             ),
             QuerySpec(
                 MixtureQuery.SUMMARY,
-                MixtureInitializer,
-                _summary,
-                Faults.STARTUP,
-                "FedGMM: local k-means centroids of the embeddings (k-means++)",
+                faults=Faults.STARTUP,
+                doc="FedGMM: local k-means centroids of the embeddings (k-means++)",
+                function="local_summary",
             ),
             QuerySpec(
                 MixtureQuery.ASSIGN,
-                MixtureInitializer,
-                _assign,
-                Faults.STARTUP,
-                "FedGMM: statistics of the embeddings nearest each initial mean",
+                faults=Faults.STARTUP,
+                doc="FedGMM: statistics of the embeddings nearest each initial mean",
+                function="assignment_statistics",
             ),
         ),
         input_shape=_input_shape,
@@ -274,5 +275,6 @@ FAMILY = families.register(
             SUMMARY_COUNTS,
             LOG_LIKELIHOOD,
         ),
+        update=__name__,
     )
 )

@@ -26,7 +26,7 @@ from fedpers.families import mixture as mixture_family
 from fedpers.protocol import UnseenTest
 from fedpers.strategies import build_strategy
 from fedpers.strategies.fedgmm import FedGMM
-from tests.helpers import InProcessGrid, run_config
+from tests.helpers import InProcessGrid, Node, run_config
 
 MIXTURE = {
     "dataset": "mixture",
@@ -196,3 +196,15 @@ def test_mixtures_learn_the_synthetic_task(algorithm: str) -> None:
     accuracies = [r.evaluate[protocol.ACCURACY] for r in records]
     assert accuracies[-1] > 0.65  # binary labels: chance is about 0.5
     assert accuracies[-1] > accuracies[0]
+
+
+def test_a_client_sent_the_wrong_learners_is_refused_with_their_names() -> None:
+    config = RunConfig.from_mapping(run_config(**{**MIXTURE, "algorithm": "fedem"}))
+    node = Node(config, 0)
+    arrays = node.initial_arrays()
+    missing = next(name for name in arrays if name.startswith("learner1."))
+    del arrays[missing]
+    train = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: 0.5})
+    with pytest.raises(ValueError, match="expected learner 1 arrays"):
+        node.fit(arrays, train)
+    assert protocol.STATE_PERSONAL not in node.state  # nothing kept from a refused round
