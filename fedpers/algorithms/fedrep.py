@@ -9,8 +9,8 @@ body back. The update is the personalized family's with these phases
 
 On the linear tasks (``dataset = "linear"``, the paper's Section 4) the row runs its
 linear variant: each client solves its head exactly by least squares and takes one
-gradient step on ``B``; the server averages, then orthonormalizes
-(``strategies/fedrep.py``, ``clients/linear.py``).
+gradient step on ``B`` (the linear family's update, ``fedpers.families.linear``); the
+server averages, then orthonormalizes (``strategies/fedrep.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from __future__ import annotations
 from fedpers.algorithms import AlgorithmSpec, Family, LinearVariant, Phase
 from fedpers.protocol import BODY, EPOCHS, HEAD, HEAD_EPOCHS
 
-LINEAR = LinearVariant(
-    "fedpers.strategies.fedrep:FedRepLinear", "fedpers.clients.linear:LinearFedRepClient"
-)
+LINEAR = LinearVariant("fedpers.strategies.fedrep:FedRepLinear", "fedpers.families.linear")
 
 ROWS = (
     AlgorithmSpec(

@@ -7,22 +7,36 @@ principal angle distance of the global representation to ``B*`` itself. Clients 
 not evaluated. The family's settings, its checks, its wire names, the
 Method-of-Moments query of the initialization, the server's evaluation and the summary
 live here; the math is ``fedpers.linear``.
+
+The family's local update, written for a cohort in numpy (no torch), is FedRep's (the
+variant of the row ``fedrep``): each member solves its head exactly by least squares
+(or takes ``linear-head-steps`` gradient steps from the head it keeps), then one
+gradient step on ``B``. A row's linear variant names its own update module for what
+differs (``fedpers.algorithms.fedsgd``); the rest, the Method-of-Moments statistic
+(``moments``) for one, is this module's. Every member draws its fresh samples from its
+own stream, ``rng(seed, "linear", purpose, partition, round)``, whatever its cohort.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fedpers import families, protocol
-from fedpers.families import Arrays, EvaluateFn, Faults, Metrics, QuerySpec, RunSummary
+from fedpers import families, linear, protocol, records
+from fedpers.families import EvaluateFn, Faults, QuerySpec, RunSummary
+from fedpers.seeding import rng
 from fedpers.settings import ConfigError, at_least, positive, setting
 
 if TYPE_CHECKING:
+    from fedpers.cohort import Arrays, Cohort, Member, Metrics, Reply
     from fedpers.config import RunConfig
+    from fedpers.data.synthetic import LinearTasks
 
 NAME = "linear"
 DATASET = "linear"  # the data set of this family's runs (fedpers.data.registry)
@@ -83,15 +97,6 @@ def applies(run: RunConfig) -> bool:
     return run.dataset == DATASET
 
 
-@runtime_checkable
-class MomentsSource(Protocol):
-    """A client that answers ``query.moments``: its Method-of-Moments statistic."""
-
-    def moments(self) -> Arrays:
-        """The statistic of this client's samples."""
-        ...
-
-
 def check_fits_data(run: RunConfig) -> None:
     """A row runs on the linear data only through its linear variant, and a linear-only
     row needs the linear data."""
@@ -117,10 +122,191 @@ def check_fits_data(run: RunConfig) -> None:
         )
 
 
-def _moments(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.moments(), {protocol.NUM_EXAMPLES: float(settings(run).linear_samples)}
+# ----------------------------------------------------------------- local update
+@dataclass(frozen=True)
+class Task:
+    """One client's regression task: ``y = x^T B* w_i* + noise`` with its head
+    ``w_i*`` (``client``: the partition whose head it is)."""
+
+    tasks: LinearTasks
+    client: int
+
+    def sample(self, count: int, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` fresh pairs (X: count x d, y: count) drawn from ``generator``."""
+        return self.tasks.sample(self.client, count, generator)
+
+
+class LinearLocal:
+    """A cohort's side of a linear update (numpy): each member's task (``data``), its
+    own random streams (``generators``), the round's settings and what it received.
+
+    As ``fedpers.update.Local`` for the torch updates: an update takes its samples from
+    ``data`` and ``generators`` only (``samples``), which the equality test's controls
+    swap between two members.
+
+    Parameters
+    ----------
+    cohort : Cohort
+        The members, the run configuration and the round's settings.
+    """
+
+    def __init__(self, cohort: Cohort) -> None:
+        self.cohort = cohort
+        self.run = cohort.run
+        self.config = cohort.config
+        self.members = cohort.members
+        self.values = settings(cohort.run)
+
+    @cached_property
+    def data(self) -> list[Task]:
+        """Each member's task (the generative model regenerated from the seed)."""
+        from fedpers.data.synthetic import LinearTasks
+
+        values = self.values
+        tasks = LinearTasks(
+            values.linear_dim, values.linear_rank, values.linear_noise_std, self.run.seed
+        )
+        return [Task(tasks, member.partition) for member in self.members]
+
+    def generators(self, purpose: str, server_round: int) -> list[np.random.Generator]:
+        """Each member's stream for ``purpose`` in ``server_round``, seeded by the run,
+        the purpose, its partition and the round: its own, whatever its cohort."""
+        return [
+            rng(self.run.seed, "linear", purpose, member.partition, server_round)
+            for member in self.members
+        ]
+
+    @property
+    def round(self) -> int:
+        """The round the server named in its message."""
+        return records.config_int(self.config, protocol.ROUND)
+
+    @property
+    def lr(self) -> float:
+        """The step on ``B`` the server sent for this round."""
+        return records.config_float(self.config, protocol.LR)
+
+    def samples(
+        self, purpose: str, server_round: int, count: int | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each member's fresh samples for ``purpose`` in ``server_round`` (``count``,
+        by default ``linear-samples``)."""
+        size = count or self.values.linear_samples
+        streams = self.generators(purpose, server_round)
+        return [task.sample(size, stream) for task, stream in zip(self.data, streams, strict=True)]
+
+    def received(self, names: Sequence[str]) -> list[Arrays]:
+        """Each member's arrays; each must hold ``names``.
+
+        Raises
+        ------
+        ValueError
+            Naming the arrays expected and those received.
+        """
+        for member in self.members:
+            if not set(names) <= set(member.arrays):
+                raise ValueError(
+                    f"{self.run.algorithm} client (linear) expected arrays {sorted(names)}, "
+                    f"received {sorted(member.arrays)}"
+                )
+        return [member.arrays for member in self.members]
+
+    def test(self, models: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Metrics]:
+        """Each member's mean squared error with its model ``(B, w)`` on
+        ``TEST_SAMPLES`` fresh test samples of the round."""
+        tests = self.samples("test", self.round, TEST_SAMPLES)
+        return [
+            {
+                protocol.NUM_EXAMPLES: float(len(y)),
+                protocol.LOSS: linear.mean_squared_error(x, y, representation, head),
+            }
+            for (x, y), (representation, head) in zip(tests, models, strict=True)
+        ]
+
+
+def stored_head(member: Member) -> np.ndarray | None:
+    """The head ``member`` kept from earlier rounds, if any."""
+    if protocol.STATE_PERSONAL not in member.state:
+        return None
+    record = member.state[protocol.STATE_PERSONAL]
+    assert isinstance(record, ArrayRecord)
+    head: np.ndarray = record[HEAD].numpy()[0]
+    return head
+
+
+def store_head(member: Member, head: np.ndarray) -> None:
+    """Keep ``member``'s head on its device for later rounds."""
+    member.state[protocol.STATE_PERSONAL] = ArrayRecord({HEAD: Array(head[None, :].copy())})
+
+
+def moments(cohort: Cohort) -> list[Reply]:
+    """Each member's Method-of-Moments statistic of ``linear-samples`` fresh samples
+    (``query.moments``: FedRep's initialization)."""
+    local = LinearLocal(cohort)
+    count = float(local.values.linear_samples)
+    return [
+        ({MOMENTS: linear.moment_statistic(x, y)}, {protocol.NUM_EXAMPLES: count})
+        for x, y in local.samples("moments", 0)
+    ]
+
+
+def fit(cohort: Cohort) -> list[Reply]:
+    """FedRep (linear): each member's head solved exactly on its fresh samples
+    (``linear-head-steps`` = 0; 1 or 10 take that many gradient steps from the head it
+    keeps instead: GD-GD, 10GD-GD), kept, then one gradient step on ``B``."""
+    local = LinearLocal(cohort)
+    received = local.received((BODY,))
+    lr = local.lr
+    draws = local.samples("train", local.round)
+    steps = [
+        _fedrep_step(local, member, arrays[BODY].T, sample, lr)
+        for member, arrays, sample in zip(local.members, received, draws, strict=True)
+    ]
+    for member, (_, head) in zip(local.members, steps, strict=True):  # once all succeeded
+        store_head(member, head)
+    return [reply for reply, _ in steps]
+
+
+def _fedrep_step(
+    local: LinearLocal,
+    member: Member,
+    representation: np.ndarray,
+    sample: tuple[np.ndarray, np.ndarray],
+    lr: float,
+) -> tuple[Reply, np.ndarray]:
+    """One member's reply (its step on ``B``) and its new head, to keep."""
+    x, y = sample
+    steps = local.values.linear_head_steps
+    if steps == 0:
+        head = linear.least_squares_head(x, y, representation)
+    else:
+        start = stored_head(member)
+        head = linear.gradient_descent_head(
+            x,
+            y,
+            representation,
+            np.zeros(local.values.linear_rank) if start is None else start,
+            lr=local.values.linear_head_lr,
+            steps=steps,
+        )
+    loss = linear.mean_squared_error(x, y, representation, head)
+    step = lr * linear.representation_gradient(x, y, representation, head)
+    metrics = {protocol.NUM_EXAMPLES: float(len(y)), protocol.LOSS: loss}
+    return ({BODY: (representation - step).T}, metrics), head
+
+
+def evaluate(cohort: Cohort) -> list[Metrics]:
+    """Each member's test error with the global ``B`` and the head it keeps; a member
+    that never trained solves its head on a fresh batch, as a round would."""
+    local = LinearLocal(cohort)
+    representations = [arrays[BODY].T for arrays in local.received((BODY,))]
+    kept = [stored_head(member) for member in local.members]
+    draws = local.samples("train", 0) if any(head is None for head in kept) else []
+    heads = [
+        linear.least_squares_head(*draws[i], representation) if head is None else head
+        for i, (head, representation) in enumerate(zip(kept, representations, strict=True))
+    ]
+    return local.test(list(zip(representations, heads, strict=True)))
 
 
 def distance_to_truth(run: RunConfig) -> EvaluateFn:
@@ -129,7 +315,6 @@ def distance_to_truth(run: RunConfig) -> EvaluateFn:
     The experiment's oracle: ``B*`` is regenerated from the seed, as every client does
     to draw its samples; it plays no part in training.
     """
-    from fedpers import linear
     from fedpers.data.synthetic import LinearTasks
 
     values = settings(run)
@@ -173,10 +358,9 @@ FAMILY = families.register(
         queries=(
             QuerySpec(
                 LinearQuery.MOMENTS,
-                MomentsSource,
-                _moments,
-                Faults.STARTUP,
-                "linear FedRep's Method-of-Moments statistic",
+                faults=Faults.STARTUP,
+                doc="linear FedRep's Method-of-Moments statistic",
+                function="moments",
             ),
         ),
         progress_metric=f"server.{DISTANCE}",
@@ -185,5 +369,6 @@ FAMILY = families.register(
         input_shape=_input_shape,
         sample_counts=_sample_counts,
         wire=(BODY, HEAD, MOMENTS),
+        update=__name__,
     )
 )
