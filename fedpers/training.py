@@ -98,8 +98,10 @@ class SGDSettings:
 class ReplayDropout(nn.Module):
     """``nn.Dropout`` whose masks are given, not drawn: in training mode it multiplies
     by the next mask of the current ``replay`` (drawn by ``DropoutMasks`` from the
-    client's own generator) and scales by ``1 / (1 - p)``, the operations and bits of
-    torch's dropout on the CPU; in evaluation mode it is the identity."""
+    client's own generator) divided by ``1 - p``, the operations and bits of torch's
+    dropout on the CPU (the mask divided first: ``x * mask * (1 / (1 - p))`` differs
+    from it in the last bit for some ``p``, 0.15 among the Sheaf-FRL agents'); in
+    evaluation mode it is the identity."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -117,7 +119,7 @@ class ReplayDropout(nn.Module):
         if masks.recording is not None:
             masks.recording.append((self.p, tuple(x.shape[1:])))
             return x
-        return x * next(masks.queue) * (1.0 / (1.0 - self.p))
+        return x * next(masks.queue).div(1.0 - self.p)
 
 
 @dataclass
@@ -310,7 +312,9 @@ class DropoutMasks:
             token = _MASKS.set(_Replay(iter(()), recording))
             try:
                 with torch.no_grad(), training_mode(stack.template, True):
-                    first = {n: t[0] for n, t in stack.tensors.items()}
+                    # copies: a training-mode pass moves BatchNorm's running statistics
+                    first = {n: t[0].clone() for n, t in stack.tensors.items()}
+
                     functional_call(stack.template, first, (sample[:1],))
             finally:
                 _MASKS.reset(token)

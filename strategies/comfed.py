@@ -1,4 +1,5 @@
-"""CoMFed's relay (Badi, Ben Issaid and Bennis 2026; the agents are ``clients/comfed.py``):
+"""CoMFed's relay (Badi, Ben Issaid and Bennis 2026; the agents are
+``fedpers/algorithms/comfed.py``):
 the server holds nothing and forwards, each round, every agent's projected class
 prototypes and their counts to its graph neighbours.
 
@@ -19,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
+from fedpers.algorithms.comfed import comfed_dim
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
@@ -33,7 +35,7 @@ class ComFed(PeerRelay):
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.shape = (run.num_classes, sheaf_family.comfed_dim(run))
+        self.shape = (run.num_classes, comfed_dim(run))
 
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid

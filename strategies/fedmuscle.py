@@ -1,4 +1,5 @@
-"""FedMuscle's relay (Setayesh et al., ICLR 2026; the agents are ``clients/fedmuscle.py``):
+"""FedMuscle's relay (Setayesh et al., ICLR 2026; the agents are
+``fedpers/algorithms/fedmuscle.py``):
 the server holds nothing. Each round it asks every agent for its unit-norm latents of
 the round's pilot batch (``query.representations``) and sends each agent, with its
 ``train`` message, those of M other agents (``fedmuscle-others``, all others if fewer),
@@ -21,9 +22,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
+from fedpers.algorithms.fedmuscle import FedMuscleSettings
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
-from fedpers.families.sheaf import REPRESENTATIONS, FedMuscleSettings
+from fedpers.families.sheaf import REPRESENTATIONS
 from fedpers.seeding import rng
 from fedpers.strategies import screening
 from fedpers.strategies.peer_relay import PeerRelay

@@ -1,5 +1,5 @@
 """FedProto's server (Tan et al., AAAI 2022, Algorithm 1; the agents are
-``clients/fedproto.py``): it holds no model, only the global prototypes. Each round
+``fedpers/algorithms/fedproto.py``): it holds no model, only the global prototypes. Each round
 every agent is sent them, and they become, for each class ``j``, the mean of the kept
 replies' prototypes weighted by the samples behind each,
 
@@ -26,8 +26,9 @@ from flwr.serverapp import Grid
 
 from fedpers import protocol, records
 from fedpers.aggregation import Aggregation
+from fedpers.algorithms.fedproto import CLASSES_UNCHANGED
 from fedpers.families import sheaf as sheaf_family
-from fedpers.families.sheaf import CLASSES_UNCHANGED, PROTOTYPE_COUNTS, PROTOTYPES
+from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.strategies import screening
 from fedpers.strategies.base import mean_metrics
 from fedpers.strategies.peer_relay import PeerRelay

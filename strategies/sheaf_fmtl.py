@@ -1,10 +1,11 @@
-"""Sheaf-FMTL's relay (Ben Issaid et al. 2025; the agents are ``clients/sheaf_fmtl.py``):
+"""Sheaf-FMTL's relay (Ben Issaid et al. 2025; the agents are
+``fedpers/algorithms/sheaf_fmtl.py``):
 the server holds nothing and forwards, each round, every agent's ``P_ij theta_i`` to
 neighbour ``j`` with its ``train`` message.
 
 It asks every agent for its projections (``query.projections``); a reply must hold
 exactly one float32 vector ``projection.<j>`` of the edge's interaction dimension
-``d_ij`` (``fedpers.families.sheaf.interaction_dims``, computed here from the agents'
+``d_ij`` (``fedpers.algorithms.sheaf_fmtl.interaction_dims``, computed here from the agents'
 architectures) per neighbour, finite; anything else leaves the agent out of the round's
 relay, and its neighbours train without its term. How far a received vector can move
 an agent is bounded on the agent (``sheaf-clip``). After the last round the agents are
@@ -20,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from fedpers import protocol
+from fedpers.algorithms.sheaf_fmtl import interaction_dims
 from fedpers.config import RunConfig
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROJECTION
@@ -34,7 +36,7 @@ class SheafFMTL(PeerRelay):
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.edge_dims = sheaf_family.interaction_dims(run)
+        self.edge_dims = interaction_dims(run)
 
     def _relay(
         self, server_round: int, config: ConfigRecord, grid: Grid

@@ -4,10 +4,15 @@ FedMuscle and CoMFed. No shared model.
 Agents with different architectures and latent dimensions sit on a graph; each keeps
 its whole model on the device and aligns its latent space with its neighbours' through
 restriction maps learned from shared pilot samples. The server only relays pilots
-between neighbours (``strategies/peer_relay.py``, ``clients/sheaf.py``; the math is
-``fedpers.sheaf``). This module holds the family's settings, its checks, the agents and
-the graph of a run, its wire names, the relay queries, the communication test's result
-and the summary.
+between neighbours (``strategies/peer_relay.py``; the math is ``fedpers.sheaf``). This
+module holds the family's settings, its checks, the agents and the graph of a run, its
+wire names, the relay queries, the communication test's result, the summary, and the
+family's local update: what every agent does, whatever its row (``fit``: its whole
+model, kept in ``context.state``, trained on its private loss; ``evaluate``: its private
+accuracy, or its neighbours' latents decoded; the pilot and latent exchanges). Its
+torch side is ``fedpers.agents_update``, imported inside those functions; each row's
+module (``fedpers.algorithms.sheaf_frl``, ``fedproto``, ``sheaf_fmtl``, ``fedmuscle``,
+``comfed``, ``non_cooperative``) holds what its agents do differently.
 """
 
 from __future__ import annotations
@@ -16,28 +21,22 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import ConfigRecord
 
-from fedpers import families, protocol
+from fedpers import families, protocol, sheaf
 from fedpers.data.client import DataConfig, PilotSplit
 from fedpers.data.partition import target_classes
-from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary
+from fedpers.families import Faults, QuerySpec, RunSummary
 from fedpers.faults import FaultTargets
 from fedpers.protocol import FinalTestResult
 from fedpers.results import final_mean
 from fedpers.settings import ConfigError, at_least, int_list, positive, setting, within
-from fedpers.sheaf import (
-    AgentSpec,
-    agent_specs,
-    class_overlap_graph,
-    interaction_dim,
-    parameter_count,
-)
+from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, parameter_count
 
 if TYPE_CHECKING:
+    from fedpers.cohort import Cohort, Metrics, Reply
     from fedpers.config import RunConfig
 
 NAME = "sheaf"
@@ -106,108 +105,6 @@ class SheafSettings:
                 raise ConfigError(f"run-config key '{key}' = '{text}' must be positive.")
 
 
-@dataclass(frozen=True)
-class FedProtoSettings:
-    """The prototype regularizer of FedProto (the row `fedproto`)."""
-
-    HEADING: ClassVar[str] = "fedproto"
-
-    fedproto_lambda: float = setting(
-        1.0,
-        "FedProto: weight of the mean squared distance of each training latent to its "
-        "class's global prototype, added to the cross-entropy (the paper's ld, 1)",
-    )
-
-    def check(self) -> None:
-        at_least("fedproto-lambda", self.fedproto_lambda, 0.0)
-
-
-@dataclass(frozen=True)
-class SheafFMTLSettings:
-    """The restriction maps of Sheaf-FMTL between parameter spaces (the row `sheaf-fmtl`)."""
-
-    HEADING: ClassVar[str] = "sheaf-fmtl"
-
-    sheaf_fmtl_lambda: float = setting(
-        0.001,
-        "Sheaf-FMTL: weight of the sheaf penalty sum ||P_ij theta_i - P_ji theta_j||^2 "
-        "over an agent's edges (the authors' 0.001)",
-    )
-    sheaf_fmtl_gamma: float = setting(
-        0.005,
-        "Sheaf-FMTL: an edge's interaction space has floor(gamma x the smaller agent's "
-        "parameter count) dimensions (chosen on validation; the authors' 0.01)",
-    )
-    sheaf_fmtl_map_lr: float = setting(
-        1e-5,
-        "Sheaf-FMTL: step size eta of the restriction maps (chosen on validation; the "
-        "authors' 1e-4)",
-    )
-
-    def check(self) -> None:
-        at_least("sheaf-fmtl-lambda", self.sheaf_fmtl_lambda, 0.0)
-        within("sheaf-fmtl-gamma", self.sheaf_fmtl_gamma, "(0, 1]")
-        at_least("sheaf-fmtl-map-lr", self.sheaf_fmtl_map_lr, 0.0)
-
-
-@dataclass(frozen=True)
-class FedMuscleSettings:
-    """The Muscle loss of FedMuscle (the row `fedmuscle`)."""
-
-    HEADING: ClassVar[str] = "fedmuscle"
-
-    fedmuscle_tau: float = setting(
-        0.2,
-        "FedMuscle: temperature of the anchor's similarities to the other agents' "
-        "representations (the paper's tau^(N), 0.2)",
-    )
-    fedmuscle_tau_others: float = setting(
-        0.15,
-        "FedMuscle: temperature tau^(N-1) among the other agents' representations, which "
-        "weighs each negative tuple (the paper's 0.15; unused with two agents)",
-    )
-    fedmuscle_others: int = setting(
-        3, "FedMuscle: other agents M whose representations an agent is sent each round"
-    )
-
-    def check(self) -> None:
-        positive("fedmuscle-tau", self.fedmuscle_tau)
-        positive("fedmuscle-tau-others", self.fedmuscle_tau_others)
-        at_least("fedmuscle-others", self.fedmuscle_others, 1)
-        if not self.fedmuscle_tau_others < self.fedmuscle_tau:
-            raise ConfigError(
-                f"run-config key 'fedmuscle-tau-others' = {self.fedmuscle_tau_others} must be "
-                f"below 'fedmuscle-tau' = {self.fedmuscle_tau}: the Muscle loss weighs each "
-                "negative tuple by exp(-gamma ...), gamma = 1/tau-others - 1/tau, which must "
-                "be positive; lower 'fedmuscle-tau-others'."
-            )
-
-
-@dataclass(frozen=True)
-class ComFedSettings:
-    """The latent-space consensus of CoMFed (the row `comfed`)."""
-
-    HEADING: ClassVar[str] = "comfed"
-
-    comfed_lambda: float = setting(
-        0.01,
-        "CoMFed: weight of the squared distance of each projected class prototype to its "
-        "neighbours' mean, added to the cross-entropy (chosen on validation; the paper's 0.4)",
-    )
-    comfed_dim: int = setting(
-        0, "CoMFed: dimension d of the shared latent space (0: the smallest latent dimension)"
-    )
-
-    def check(self) -> None:
-        at_least("comfed-lambda", self.comfed_lambda, 0.0)
-        at_least("comfed-dim", self.comfed_dim, 0)
-
-
-def comfed_dim(run: RunConfig) -> int:
-    """CoMFed's shared dimension: as set, or the smallest latent dimension."""
-    return run.group(ComFedSettings).comfed_dim or min(s.latent for s in run_agent_specs(run))
-
-
 def settings(run: RunConfig) -> SheafSettings:
     """The run's Sheaf-FRL settings, typed."""
     return run.group(SheafSettings)
@@ -240,16 +137,6 @@ def parameter_counts(run: RunConfig) -> list[int]:
     return [parameter_count(spec, run.dataset, run.num_classes) for spec in run_agent_specs(run)]
 
 
-def interaction_dims(run: RunConfig) -> dict[tuple[int, int], int]:
-    """Sheaf-FMTL: the interaction-space dimension of each edge, both orientations."""
-    counts = parameter_counts(run)
-    gamma = run.group(SheafFMTLSettings).sheaf_fmtl_gamma
-    dims = {}
-    for a, b in run_graph(run):
-        dims[a, b] = dims[b, a] = interaction_dim(counts[a], counts[b], gamma)
-    return dims
-
-
 def run_graph(run: RunConfig) -> list[tuple[int, int]]:
     """The agents' communication graph (oriented edges), the same on every party."""
     return class_overlap_graph(
@@ -270,13 +157,13 @@ LABELS = "labels"  # the labels of those test samples
 TRANSPORTED = "transported"  # pilots transported into a neighbour's coordinates
 MAP = "map"  # an edge's restriction map, relayed from the endpoint that computed it
 NEIGHBOURS = "neighbours"  # query.transport: the agent's neighbours (int64 array)
-PROTOTYPES = "prototypes"  # FedProto: class prototypes (classes x d), both ways
-PROTOTYPE_COUNTS = "prototype-counts"  # FedProto: the samples behind each prototype
-# FedProto, in rounds.jsonl under the trimmed mean: classes too few replies held, which
-# kept their last prototype
-CLASSES_UNCHANGED = "classes-unchanged"
+PROTOTYPES = "prototypes"  # FedProto, CoMFed: class prototypes (classes x d)
+PROTOTYPE_COUNTS = "prototype-counts"  # FedProto, CoMFed: the samples behind each prototype
+# The relayed arrays of Sheaf-FMTL and FedMuscle, here because the family's relay fault
+# injection aims at them (``FamilySpec.fault_targets``)
 PROJECTION = "projection"  # Sheaf-FMTL: P_ij theta_i, an agent's parameters on an edge
 REPRESENTATIONS = "representations"  # FedMuscle: unit-norm latents of the round's pilots
+STATE_MODEL = "sheaf.model"  # context.state: an agent's whole model
 
 
 class SheafQuery(StrEnum):
@@ -326,6 +213,34 @@ def agent_of(name: str) -> tuple[str, int]:
     return kind, int(agent)
 
 
+# ------------------------------------------------------------------ restriction maps
+def restriction(
+    agent: int, neighbour: int, own: np.ndarray, theirs: np.ndarray, dims: list[int]
+) -> np.ndarray:
+    """The map ``V`` (d_large x d_small) of the edge between ``agent`` and ``neighbour``,
+    from their pilots (``own``: ``agent``'s, ``theirs``): both endpoints compute the same."""
+    a, _ = sheaf.orient(agent, neighbour, dims)
+    return sheaf.procrustes(own, theirs) if a == agent else sheaf.procrustes(theirs, own)
+
+
+def to_neighbour(
+    agent: int, neighbour: int, latents: np.ndarray, edge: np.ndarray, dims: list[int]
+) -> np.ndarray:
+    """``agent``'s latents in ``neighbour``'s coordinates, through the edge's map."""
+    if sheaf.orient(agent, neighbour, dims)[0] == agent:
+        return sheaf.transport_up(latents, edge)
+    return sheaf.transport_down(latents, edge)
+
+
+def from_neighbour(
+    agent: int, neighbour: int, latents: np.ndarray, edge: np.ndarray, dims: list[int]
+) -> np.ndarray:
+    """``neighbour``'s latents in ``agent``'s coordinates, through the edge's map."""
+    if sheaf.orient(agent, neighbour, dims)[0] == agent:
+        return sheaf.transport_down(latents, edge)
+    return sheaf.transport_up(latents, edge)
+
+
 @dataclass(frozen=True)
 class CommunicationTest(FinalTestResult):
     """Sheaf-FRL's communication accuracy: per whitening, the mean over receivers, and
@@ -334,97 +249,6 @@ class CommunicationTest(FinalTestResult):
     by_whitening: dict[str, float] = field(default_factory=dict)
     edges: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
     private: dict[int, float] = field(default_factory=dict)
-
-
-@runtime_checkable
-class PilotAgent(Protocol):
-    """A Sheaf-FRL agent's relay queries."""
-
-    def pilots_message(self, config: ConfigRecord) -> Arrays:
-        """Its whitened pilot latents."""
-        ...
-
-    def maps_message(self, arrays: Arrays) -> Arrays:
-        """Owned edges' maps and transported pilots (homogeneous variant)."""
-        ...
-
-    def transport_message(self, neighbours: list[int]) -> Arrays:
-        """Own pilots in each neighbour's coordinates (private variant)."""
-        ...
-
-    def latents_message(self, config: ConfigRecord) -> Arrays:
-        """Whitened pilots and test latents, for communication accuracy."""
-        ...
-
-
-@runtime_checkable
-class ProjectionAgent(Protocol):
-    """A Sheaf-FMTL agent's relay query."""
-
-    def projections_message(self, config: ConfigRecord) -> Arrays:
-        """Its parameters through each incident restriction map, ``P_ij theta_i``."""
-        ...
-
-
-@runtime_checkable
-class RepresentationAgent(Protocol):
-    """A FedMuscle agent's relay query."""
-
-    def representations_message(self, config: ConfigRecord) -> Arrays:
-        """Its unit-norm latents of the round's pilot batch."""
-        ...
-
-
-def _representations(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.representations_message(config), {}
-
-
-@runtime_checkable
-class PrototypeAgent(Protocol):
-    """A CoMFed agent's relay query."""
-
-    def prototypes_message(self, config: ConfigRecord) -> Arrays:
-        """Its projected class prototypes ``P_i v_bar_m`` and the samples behind each."""
-        ...
-
-
-def _prototypes(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.prototypes_message(config), {}
-
-
-def _projections(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.projections_message(config), {}
-
-
-def _pilots(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.pilots_message(config), {}
-
-
-def _maps(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.maps_message(arrays), {}
-
-
-def _transport(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    neighbours = [int(n) for n in arrays.get(NEIGHBOURS, np.zeros(0))]
-    return client.transport_message(neighbours), {}
-
-
-def _latents(
-    client: Any, run: RunConfig, arrays: Arrays, config: ConfigRecord
-) -> tuple[Arrays, Metrics]:
-    return client.latents_message(config), {}
 
 
 # ------------------------------------------------------------------------- checks
@@ -453,63 +277,10 @@ def check_agents(run: RunConfig) -> None:
     if run.num_clients < 2:
         raise ConfigError("Sheaf-FRL needs num-clients >= 2 agents on a graph.")
     dims = {spec.latent for spec in run_agent_specs(run)}
-    if FedProtoSettings in run.spec.settings and len(dims) > 1:
-        raise ConfigError(
-            f"algorithm '{run.algorithm}' averages class prototypes of the agents' latents, "
-            f"which needs equal latent dimensions, found {sorted(dims)}: set "
-            "'sheaf-latent-dims' to one value per agent, all equal."
-        )
-    if FedMuscleSettings in run.spec.settings:
-        check_muscle(run, dims)
-    if SheafFMTLSettings in run.spec.settings:
-        check_map_memory(run)
     if values.sheaf_variant != SheafVariant.HETEROGENEOUS and len(dims) > 1:
         raise ConfigError(
             f"run-config key 'sheaf-variant' = '{values.sheaf_variant}' needs equal latent "
             f"dimensions, found {sorted(dims)}; set 'sheaf-latent-dims' or use 'heterogeneous'."
-        )
-
-
-MUSCLE_TUPLES_LIMIT = 2**26  # logits of one FedMuscle step: batch^(others + 1)
-
-
-def check_muscle(run: RunConfig, dims: set[int]) -> None:
-    """FedMuscle compares latents across agents (one dimension), and its loss sums over
-    every tuple of the other agents' pilots: at most ``MUSCLE_TUPLES_LIMIT`` of them."""
-    if len(dims) > 1:
-        raise ConfigError(
-            f"algorithm '{run.algorithm}' compares the agents' latents directly, which needs "
-            f"equal latent dimensions, found {sorted(dims)}: set 'sheaf-latent-dims' to one "
-            "value per agent, all equal."
-        )
-    others = min(run.group(FedMuscleSettings).fedmuscle_others, run.num_clients - 1)
-    batch = settings(run).sheaf_pilot_batch
-    if batch ** (others + 1) > MUSCLE_TUPLES_LIMIT:
-        raise ConfigError(
-            f"FedMuscle's loss with 'sheaf-pilot-batch' = {batch} and {others} other agents "
-            f"sums {batch}^{others + 1} terms per step, more than {MUSCLE_TUPLES_LIMIT}: "
-            "lower 'fedmuscle-others' or 'sheaf-pilot-batch'."
-        )
-
-
-MAP_BYTES_LIMIT = 2**30  # the restriction maps one Sheaf-FMTL agent may hold (float32)
-
-
-def check_map_memory(run: RunConfig) -> None:
-    """Sheaf-FMTL's maps ``P_ij`` are ``d_ij x n_i`` floats per edge: refuse a run whose
-    largest agent would hold more than ``MAP_BYTES_LIMIT`` of them, before anything
-    starts (the parameter spaces' size is the method's known cost)."""
-    counts = parameter_counts(run)
-    held = [0] * run.num_clients
-    for (i, _), d in interaction_dims(run).items():
-        held[i] += 4 * d * counts[i]
-    largest = max(range(run.num_clients), key=lambda agent: held[agent])
-    if held[largest] > MAP_BYTES_LIMIT:
-        raise ConfigError(
-            f"Sheaf-FMTL's restriction maps of agent {largest} ({counts[largest]} "
-            f"parameters) would take {held[largest] / 2**30:.1f} GiB, more than "
-            f"{MAP_BYTES_LIMIT / 2**30:.0f} GiB: lower 'sheaf-fmtl-gamma' (now "
-            f"{run.group(SheafFMTLSettings).sheaf_fmtl_gamma}) or the agents' widths."
         )
 
 
@@ -538,6 +309,43 @@ def summary(done: RunSummary) -> dict[str, object]:
     }
 
 
+# ------------------------------------------------------------------- local update
+def fit(cohort: Cohort) -> list[Reply]:
+    """Every agent's epochs on its private loss (the cross-entropy of its whole model,
+    the run's optimizer, ``sheaf-clip``): the non-cooperative baseline's update, and
+    what Sheaf-FMTL and FedMuscle take their own steps after. The model is what the
+    agent keeps in ``context.state`` (its seeded one at first), kept there again; the
+    reply holds no arrays, its samples, its last epoch's loss and a penalty of 0."""
+    from fedpers import agents_update
+
+    return agents_update.fit(cohort)
+
+
+def evaluate(cohort: Cohort) -> list[Metrics]:
+    """Each agent's private accuracy with its own head (weight 1: the paper averages
+    over agents), or, with ``communication = 1``, the accuracy of decoding each
+    neighbour's transported test latents (the whitening the config names)."""
+    from fedpers import agents_update
+
+    return agents_update.evaluate(cohort)
+
+
+def pilots_message(cohort: Cohort) -> list[Reply]:
+    """``query.pilots``: each agent's current pilot latents, whitened by their own
+    statistics (the only thing of Sheaf-FRL's that leaves an agent)."""
+    from fedpers import agents_update
+
+    return agents_update.pilots_message(cohort)
+
+
+def latents_message(cohort: Cohort) -> list[Reply]:
+    """``query.latents``: each agent's whitened pilots and test latents and its test
+    labels, for its neighbours' communication accuracy."""
+    from fedpers import agents_update
+
+    return agents_update.latents_message(cohort)
+
+
 FAMILY = families.register(
     families.FamilySpec(
         name=NAME,
@@ -558,52 +366,45 @@ FAMILY = families.register(
         queries=(
             QuerySpec(
                 SheafQuery.PILOTS,
-                PilotAgent,
-                _pilots,
-                Faults.RELAY,
-                "Sheaf-FRL: refit the whitening on the pilots, send the whitened pilots",
+                faults=Faults.RELAY,
+                doc="Sheaf-FRL: refit the whitening on the pilots, send the whitened pilots",
+                function="pilots_message",
             ),
             QuerySpec(
                 SheafQuery.MAPS,
-                PilotAgent,
-                _maps,
-                Faults.RELAY,
-                "Sheaf-FRL (homogeneous): owned edges' maps, transported pilots",
+                faults=Faults.RELAY,
+                doc="Sheaf-FRL (homogeneous): owned edges' maps, transported pilots",
+                function="maps_message",
             ),
             QuerySpec(
                 SheafQuery.TRANSPORT,
-                PilotAgent,
-                _transport,
-                Faults.RELAY,
-                "Sheaf-FRL (private): own pilots in each neighbour's frame",
+                faults=Faults.RELAY,
+                doc="Sheaf-FRL (private): own pilots in each neighbour's frame",
+                function="transport_message",
             ),
             QuerySpec(
                 SheafQuery.PROJECTIONS,
-                ProjectionAgent,
-                _projections,
-                Faults.RELAY,
-                "Sheaf-FMTL: the agent's parameters through each incident restriction map",
+                faults=Faults.RELAY,
+                doc="Sheaf-FMTL: the agent's parameters through each incident restriction map",
+                function="projections_message",
             ),
             QuerySpec(
                 SheafQuery.REPRESENTATIONS,
-                RepresentationAgent,
-                _representations,
-                Faults.RELAY,
-                "FedMuscle: the agent's unit-norm latents of the round's pilot batch",
+                faults=Faults.RELAY,
+                doc="FedMuscle: the agent's unit-norm latents of the round's pilot batch",
+                function="representations_message",
             ),
             QuerySpec(
                 SheafQuery.PROTOTYPES,
-                PrototypeAgent,
-                _prototypes,
-                Faults.RELAY,
-                "CoMFed: the agent's class prototypes through its projection",
+                faults=Faults.RELAY,
+                doc="CoMFed: the agent's class prototypes through its projection",
+                function="prototypes_message",
             ),
             QuerySpec(
                 SheafQuery.LATENTS,
-                PilotAgent,
-                _latents,
-                Faults.NONE,
-                "Sheaf-FRL: whitened pilots and test latents, for communication accuracy",
+                faults=Faults.NONE,
+                doc="Sheaf-FRL: whitened pilots and test latents, for communication accuracy",
+                function="latents_message",
             ),
         ),
         wire=(
@@ -622,5 +423,6 @@ FAMILY = families.register(
             PROJECTION,
             REPRESENTATIONS,
         ),
+        update=__name__,
     )
 )

@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol
+from fedpers import protocol, records
+from fedpers.algorithms import comfed
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES, Whitening
-from tests.clients.test_fedproto import _no_dropout
-from tests.helpers import client_of, run_config
+from tests.clients.sheaf_agents import agent_model, answer, local_of, without_dropout
+from tests.helpers import Node, client_of, run_config
 
 AGENTS = {
     "dataset": "digits",
@@ -70,11 +71,21 @@ def _oracle(
     return new, (p - lr * grads[-1]).detach().numpy()
 
 
-def test_an_agents_step_is_the_consensus_regularized_gradient_step() -> None:
+def _projection(node: Node) -> np.ndarray:
+    """The node's ``P_i``: as it kept it, or as it draws it before."""
+    stored = node.state.get(comfed.STATE_PROJECTION)
+    if stored is not None:
+        return records.values(stored[comfed.STATE_PROJECTION])  # type: ignore[index]
+    return comfed.projection(local_of(node), 0)
+
+
+def test_an_agents_step_is_the_consensus_regularized_gradient_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without_dropout(monkeypatch)  # the agent's and the oracle's
     run = RunConfig.from_mapping(run_config(**AGENTS))
     client = client_of(run, 0, RecordDict())
-    _no_dropout(client.model)
-    start, projection = copy.deepcopy(client.model), client.projection.detach().numpy().copy()
+    start, projection = agent_model(run, 0), _projection(client).copy()
     data = client_data(run, 0)
     generator = np.random.default_rng(0)
     theirs = generator.normal(size=(run.num_classes, 4)).astype(np.float32)
@@ -86,7 +97,8 @@ def test_an_agents_step_is_the_consensus_regularized_gradient_step() -> None:
     }
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: run.lr})
     client.fit(arrays, config)
-    after = {k: v.detach().double() for k, v in client.model.named_parameters()}
+    trained = agent_model(run, 0, client.state)
+    after = {k: v.detach().double() for k, v in trained.named_parameters()}
     expected, expected_p = _oracle(
         copy.deepcopy(start),
         projection,
@@ -98,7 +110,7 @@ def test_an_agents_step_is_the_consensus_regularized_gradient_step() -> None:
         lr=run.lr,
     )
     assert max(float((after[k] - expected[k]).abs().max()) for k in expected) < 1e-6
-    assert np.max(np.abs(client.projection.detach().numpy() - expected_p)) < 1e-6
+    assert np.max(np.abs(_projection(client) - expected_p)) < 1e-6
     # The test can fail: the class its neighbour does not hold pulled toward zeros
     wrong, wrong_p = _oracle(
         copy.deepcopy(start),
@@ -110,19 +122,19 @@ def test_an_agents_step_is_the_consensus_regularized_gradient_step() -> None:
         lam=2.0,
         lr=run.lr,
     )
-    assert np.max(np.abs(client.projection.detach().numpy() - wrong_p)) > 1e-5
+    assert np.max(np.abs(_projection(client) - wrong_p)) > 1e-5
     assert max(float((after[k] - wrong[k]).abs().max()) for k in wrong) > 1e-5
 
 
 def test_its_message_is_its_class_means_through_its_projection() -> None:
     run = RunConfig.from_mapping(run_config(**AGENTS))
     client = client_of(run, 1, RecordDict())
-    sent = client.prototypes_message(ConfigRecord({protocol.ROUND: 1}))
+    sent = answer(client, "prototypes_message", {}, ConfigRecord({protocol.ROUND: 1}))
     data = client_data(run, 1)
-    client.model.eval()
+    model = agent_model(run, 1, client.state).eval()
     with torch.no_grad():
-        z = client.model.body(torch.tensor(data.x_train)).double().numpy()
-    p = client.projection.detach().double().numpy()
+        z = model.body(torch.tensor(data.x_train)).double().numpy()
+    p = _projection(client).astype(np.float64)
     for m in range(run.num_classes):
         held = data.y_train == m
         assert sent[PROTOTYPE_COUNTS][m] == held.sum()
@@ -145,9 +157,10 @@ def test_a_receiver_decodes_through_the_pseudo_inverse_of_its_projection() -> No
         sheaf_family.from_agent(sheaf_family.LABELS, 0): labels,
     }
     metrics = receiver.evaluate(arrays, config)
-    p = receiver.projection.detach().double().numpy()
+    p = _projection(receiver).astype(np.float64)
     z = sent @ np.linalg.pinv(p).T
-    weights = {k: v.detach().double().numpy() for k, v in receiver.model.head.named_parameters()}
+    head = agent_model(run, 1, receiver.state).head
+    weights = {k: v.detach().double().numpy() for k, v in head.named_parameters()}
     hidden = np.maximum(z @ weights["0.weight"].T + weights["0.bias"], 0)
     predicted = (hidden @ weights["2.weight"].T + weights["2.bias"]).argmax(axis=1)
     assert metrics[sheaf_family.edge_metric(0)] == pytest.approx(np.mean(predicted == labels))

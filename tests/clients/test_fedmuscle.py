@@ -1,5 +1,5 @@
 """FedMuscle against its formula (Setayesh et al., ICLR 2026, as transcribed in the
-module docstring of clients/fedmuscle.py): the Muscle loss equals a direct enumeration
+module docstring of fedpers/algorithms/fedmuscle.py): the Muscle loss equals a direct enumeration
 of every tuple of the other agents' pilots, weights alpha included, and InfoNCE with one
 other agent; an agent's step after its epochs is the gradient step of that loss on its
 encoder (autograd in float64); the relay sends each agent the representations of the
@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
 from fedpers import protocol
-from fedpers.clients.fedmuscle import muscle_loss
-from fedpers.clients.sheaf import SheafClient
+from fedpers.algorithms.fedmuscle import muscle_loss, pilot_batch
 from fedpers.config import RunConfig, load_run_config
+from fedpers.data.client import pilot_data
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import REPRESENTATIONS
 from fedpers.settings import ConfigError
 from fedpers.strategies import build_strategy
+from tests.clients.sheaf_agents import agent_model, answer, trained_alone
 from tests.helpers import client_of, run_config
 
 AGENTS = {
@@ -100,7 +101,7 @@ def test_an_agents_step_after_its_epochs_is_the_muscle_gradient_step() -> None:
     client = client_of(run, 0, RecordDict())
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: run.lr})
     alone = client_of(run, 0, RecordDict())
-    SheafClient.fit(alone, {}, config)  # the epochs alone (the family's training)
+    trained_alone(alone, config)  # the epochs alone (the family's training)
     generator = np.random.default_rng(3)
     received = {
         sheaf_family.from_agent(REPRESENTATIONS, m): _unit(generator, 16, 8).astype(np.float32)
@@ -108,9 +109,11 @@ def test_an_agents_step_after_its_epochs_is_the_muscle_gradient_step() -> None:
     }
     _, metrics = client.fit(received, config)
     # Oracle: the loss in float64 on the trained encoder, eval mode, by autograd
-    body = copy.deepcopy(alone.model.body).double().eval()
-    index = torch.from_numpy(client.pilot_batch(1))
-    z = F.normalize(body(torch.tensor(alone.pilots_x, dtype=torch.float64)[index]), dim=1)
+    trained_model = agent_model(run, 0, alone.state)
+    body = copy.deepcopy(trained_model.body).double().eval()
+    pilots_x, pilots_y = pilot_data(run)
+    index = torch.from_numpy(pilot_batch(run, 1, len(pilots_y)))
+    z = F.normalize(body(torch.tensor(pilots_x, dtype=torch.float64)[index]), dim=1)
     others = [torch.tensor(received[k], dtype=torch.float64) for k in sorted(received)]
     loss = muscle_loss(z, others, tau=0.2, tau_others=0.15)
     grads = torch.autograd.grad(loss, list(body.parameters()))
@@ -118,15 +121,16 @@ def test_an_agents_step_after_its_epochs_is_the_muscle_gradient_step() -> None:
         name: (p - run.lr * g).detach()
         for (name, p), g in zip(body.named_parameters(), grads, strict=True)
     }
-    after = _body_parameters(client.model)
+    model = agent_model(run, 0, client.state)
+    after = _body_parameters(model)
     assert max(float((after[k] - expected[k]).abs().max()) for k in expected) < 1e-6
     assert metrics[sheaf_family.PENALTY] == pytest.approx(float(loss), rel=1e-5)
     # The test can fail: the epochs alone differ by the step
-    trained = _body_parameters(alone.model)
+    trained = _body_parameters(trained_model)
     assert max(float((after[k] - trained[k]).abs().max()) for k in trained) > 1e-4
     # The head is not in the step
-    for name, value in alone.model.head.named_parameters():
-        assert torch.equal(value, dict(client.model.head.named_parameters())[name])
+    for name, value in trained_model.head.named_parameters():
+        assert torch.equal(value, dict(model.head.named_parameters())[name])
 
 
 def test_the_relay_sends_each_agent_the_representations_of_the_agents_it_draws() -> None:
@@ -140,8 +144,11 @@ def test_the_relay_sends_each_agent_the_representations_of_the_agents_it_draws()
     strategy.federation.connect(grid, timeout=5)
     relayed = strategy._relay(1, ConfigRecord({protocol.ROUND: 1}), grid)
     fresh = {
-        m: client_of(run, m, RecordDict()).representations_message(
-            ConfigRecord({protocol.ROUND: 1})
+        m: answer(
+            client_of(run, m, RecordDict()),
+            "representations_message",
+            {},
+            ConfigRecord({protocol.ROUND: 1}),
         )[REPRESENTATIONS]
         for m in range(3)
     }

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
-from fedpers import protocol, records
-from fedpers.clients.sheaf import STATE_MODEL
+from fedpers import protocol
 from fedpers.config import RunConfig, load_run_config
 from fedpers.data.client import client_data
 from fedpers.families.sheaf import PROTOTYPE_COUNTS, PROTOTYPES
 from fedpers.settings import ConfigError
+from tests.clients.sheaf_agents import agent_model, without_dropout
 from tests.clients.test_fedprox import tiny_rounds
 from tests.helpers import client_of, run_config
 
@@ -74,11 +74,13 @@ def _step(
     return {k: (v - lr * g).detach() for (k, v), g in zip(params.items(), grads, strict=True)}
 
 
-def test_an_agents_step_is_the_prototype_regularized_gradient_step() -> None:
+def test_an_agents_step_is_the_prototype_regularized_gradient_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without_dropout(monkeypatch)  # the agent's and the oracle's
     run = RunConfig.from_mapping(run_config(**AGENTS, fedproto_lambda=LAMBDA))
     client = client_of(run, 0, RecordDict())
-    _no_dropout(client.model)
-    start = copy.deepcopy(client.model)
+    start = agent_model(run, 0)
     data = client_data(run, 0)
     rng = np.random.default_rng(0)
     targets = rng.normal(size=(run.num_classes, 8)).astype(np.float32)
@@ -87,7 +89,8 @@ def test_an_agents_step_is_the_prototype_regularized_gradient_step() -> None:
     arrays = {PROTOTYPES: targets, PROTOTYPE_COUNTS: counts}
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: run.lr})
     reply, _ = client.fit(arrays, config)
-    after = {k: v.detach().double() for k, v in client.model.named_parameters()}
+    trained = agent_model(run, 0, client.state)
+    after = {k: v.detach().double() for k, v in trained.named_parameters()}
     known = counts > 0
 
     def gap(expected: dict[str, torch.Tensor]) -> float:
@@ -112,10 +115,7 @@ def _agents_prototypes(config: RunConfig, grid: Any) -> tuple[np.ndarray, np.nda
     prototypes = np.zeros((config.num_clients, config.num_classes, 8))
     counts = np.zeros((config.num_clients, config.num_classes))
     for agent in range(config.num_clients):
-        client = client_of(config, agent, grid.contexts[grid.node_of(agent)].state)
-        stored = grid.contexts[grid.node_of(agent)].state[STATE_MODEL]
-        model = client.model
-        model.load_state_dict({k: torch.from_numpy(records.values(v)) for k, v in stored.items()})
+        model = agent_model(config, agent, grid.contexts[grid.node_of(agent)].state)
         model.eval()
         data = client_data(config, agent)
         with torch.no_grad():

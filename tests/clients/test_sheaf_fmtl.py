@@ -9,8 +9,6 @@ refused before it starts."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -19,15 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedpers import protocol, records, sheaf
-from fedpers.clients.sheaf import STATE_MODEL, SheafClient
-from fedpers.clients.sheaf_fmtl import STATE_FMTL_MAPS, sheaf_step
+from fedpers.algorithms.sheaf_fmtl import STATE_FMTL_MAPS, restriction_maps, sheaf_step
 from fedpers.config import RunConfig, load_run_config
 from fedpers.families import sheaf as sheaf_family
-from fedpers.families.sheaf import PROJECTION
+from fedpers.families.sheaf import PROJECTION, STATE_MODEL
 from fedpers.models.agents import build_agent
 from fedpers.settings import ConfigError
+from tests.clients.sheaf_agents import agent_model, member, trained_alone
+from tests.clients.sheaf_agents import theta as _theta
 from tests.clients.test_fedprox import tiny_rounds
-from tests.helpers import client_of, run_config
+from tests.helpers import Node, client_of, run_config
 
 AGENTS = {
     "dataset": "digits",
@@ -79,8 +78,10 @@ def _oracle(
     return new_theta.numpy(), new_maps
 
 
-def _theta(model: torch.nn.Module) -> np.ndarray:
-    return np.concatenate([p.detach().double().numpy().ravel() for p in model.parameters()])
+def _maps(run: RunConfig, node: Node) -> dict[int, np.ndarray]:
+    """The node's maps ``P_ij``: as it kept them, or as it draws them before any."""
+    count = len(_theta(agent_model(run, node.partition_id)))
+    return restriction_maps(run, member(node), count)
 
 
 def test_an_agents_step_after_its_epochs_is_the_sheaf_gradient_step() -> None:
@@ -89,14 +90,14 @@ def test_an_agents_step_after_its_epochs_is_the_sheaf_gradient_step() -> None:
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: run.lr})
     # What its local epochs alone give (the family's training, tested elsewhere)
     alone = client_of(run, 0, RecordDict())
-    SheafClient.fit(alone, {}, config)
-    trained = _theta(alone.model)
-    maps = client.restriction_maps()
+    trained_alone(alone, config)
+    trained = _theta(agent_model(run, 0, alone.state))
+    maps = _maps(run, client)
     (d,) = {p.shape[0] for p in maps.values()}
     received = {1: np.random.default_rng(0).normal(size=d).astype(np.float32)}
     reply, metrics = client.fit({sheaf_family.from_agent(PROJECTION, 1): received[1]}, config)
-    after = _theta(client.model)
-    kept = client.restriction_maps()
+    after = _theta(agent_model(run, 0, client.state))
+    kept = _maps(run, client)
     settings = {"lam": 0.5, "lr": run.lr, "eta": 0.05}
     theta, expected = _oracle(trained, maps, received, **settings)
     assert reply == {}
@@ -114,15 +115,16 @@ def test_a_clipped_step_moves_theta_and_a_map_by_at_most_lr_and_eta_times_the_cl
     run = RunConfig.from_mapping(run_config(**{**AGENTS, "sheaf_clip": 1.0}))
     client = client_of(run, 0, RecordDict())
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 0, protocol.LR: run.lr})
-    before, maps = _theta(client.model), client.restriction_maps()
+    before, maps = _theta(agent_model(run, 0)), _maps(run, client)
     (d,) = {p.shape[0] for p in maps.values()}
     hostile = np.full(d, 3e38, dtype=np.float32)  # float32's largest, from a neighbour
     client.fit({sheaf_family.from_agent(PROJECTION, 1): hostile}, config)
-    moved = np.linalg.norm(_theta(client.model) - before)
+    after = _theta(agent_model(run, 0, client.state))
+    moved = np.linalg.norm(after - before)
     assert 0 < moved <= run.lr * 1.0 * (1 + 1e-6)
-    step = np.linalg.norm(client.restriction_maps()[1].astype(np.float64) - maps[1])
+    step = np.linalg.norm(_maps(run, client)[1].astype(np.float64) - maps[1])
     assert 0 < step <= 0.05 * 1.0 * (1 + 1e-3)
-    assert np.all(np.isfinite(_theta(client.model)))
+    assert np.all(np.isfinite(after))
 
 
 def test_a_round_relays_each_agents_projection_to_its_neighbour() -> None:
@@ -130,29 +132,30 @@ def test_a_round_relays_each_agents_projection_to_its_neighbour() -> None:
     run, grid = rounds.config, rounds.grid
     config = ConfigRecord({protocol.ROUND: 1, protocol.EPOCHS: 1, protocol.LR: run.lr})
     fresh = [client_of(run, agent, RecordDict()) for agent in range(2)]
-    start_maps = [c.restriction_maps() for c in fresh]
+    start_maps = [
+        restriction_maps(run, member(c), len(_theta(agent_model(run, agent))))
+        for agent, c in enumerate(fresh)
+    ]
     sent = {  # m_ij = P_ij theta_i^0, from agent i to j
-        (i, 1 - i): start_maps[i][1 - i].astype(np.float64) @ _theta(fresh[i].model)
+        (i, 1 - i): start_maps[i][1 - i].astype(np.float64) @ _theta(agent_model(run, i))
         for i in range(2)
     }
     for agent in range(2):
         other = 1 - agent
         alone = client_of(run, agent, RecordDict())
-        SheafClient.fit(alone, {}, config)
+        trained_alone(alone, config)
+        trained = _theta(agent_model(run, agent, alone.state))
         state = grid.contexts[grid.node_of(agent)].state
-        model = copy.deepcopy(alone.model)
-        model.load_state_dict(
-            {k: torch.from_numpy(records.values(v)) for k, v in state[STATE_MODEL].items()}
-        )
+        model = agent_model(run, agent, state)
         kept = records.values(state[STATE_FMTL_MAPS][str(other)])
         settings = {"lam": 0.5, "lr": run.lr, "eta": 0.05}
         received = {other: sent[other, agent]}
-        theta, expected = _oracle(_theta(alone.model), start_maps[agent], received, **settings)
+        theta, expected = _oracle(trained, start_maps[agent], received, **settings)
         assert np.max(np.abs(_theta(model) - theta)) < 1e-6
         assert np.max(np.abs(kept - expected[other])) < 1e-6
         # The test can fail: the agent's own projection instead of its neighbour's
         own = {other: sent[agent, other]}
-        wrong, _ = _oracle(_theta(alone.model), start_maps[agent], own, **settings)
+        wrong, _ = _oracle(trained, start_maps[agent], own, **settings)
         assert np.max(np.abs(_theta(model) - wrong)) > 1e-5
 
 

@@ -9,17 +9,20 @@ from flwr.app import ConfigRecord, MessageType
 from numpy.testing import assert_allclose
 
 from fedpers import protocol, sheaf
+from fedpers.algorithms.sheaf_frl import STATE_MAPS
 from fedpers.clients.client_app import app as client_app
-from fedpers.clients.sheaf import STATE_MAPS, STATE_MODEL
 from fedpers.config import RunConfig
 from fedpers.data.client import client_data
 from fedpers.families import sheaf as sheaf_family
+from fedpers.families.sheaf import STATE_MODEL
 from fedpers.models.agents import build_agent
 from fedpers.seeding import int_seed
 from fedpers.strategies import build_strategy
 from fedpers.strategies.peer_relay import PeerRelay
 from fedpers.training import SGDSettings
 from fedpers.training import train_model as train
+from fedpers.update import to_record as record_of
+from tests.clients.sheaf_agents import agent_model, answer
 from tests.helpers import InProcessGrid, client_of, run_config
 
 AGENTS = {
@@ -142,14 +145,16 @@ def test_encoders_equal_up_to_a_rotation_communicate_at_private_accuracy() -> No
     receiver = client_of(config, 1)
     rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 6)))[0]
     q = torch.from_numpy(rotation.astype(np.float32))
+    model = agent_model(config, 0)
     with torch.no_grad():  # receiver = sender with its latent space rotated by Q
-        receiver.model.load_state_dict(sender.model.state_dict())
-        last = receiver.model.body[-1]
+        last = model.body[-1]
         last.weight.copy_(q @ last.weight)
         last.bias.copy_(q @ last.bias)
-        first = receiver.model.head[0]
+        first = model.head[0]
         first.weight.copy_(first.weight @ q.T)
-    shared = sender.latents_message(ConfigRecord({sheaf_family.WHITENING: "pilots"}))
+    receiver.state[STATE_MODEL] = record_of({k: v.numpy() for k, v in model.state_dict().items()})
+    ask = ConfigRecord({sheaf_family.WHITENING: "pilots"})
+    shared = answer(sender, "latents_message", {}, ask)
     arrays = {f"{name}.0": value for name, value in shared.items()}
     metrics = receiver.evaluate(
         arrays, ConfigRecord({sheaf_family.COMMUNICATION: 1, sheaf_family.WHITENING: "pilots"})
