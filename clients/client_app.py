@@ -37,7 +37,6 @@ from flwr.clientapp import ClientApp
 
 from fedpers import algorithms, families, privacy, protocol, records
 from fedpers.clients import device_state, faults
-from fedpers.clients.common import Client, SeedsModel
 from fedpers.cohort import Cohort, Member, Reply
 from fedpers.config import Partitioner, RunConfig
 from fedpers.data.client import client_data, generated_sizes
@@ -81,26 +80,6 @@ def _restore(run: RunConfig, context: Context, msg: Message) -> None:
         token = str(_config(msg).get(protocol.RUN_TOKEN, ""))
         before = server_round + (1 if evaluating else 0)
         device_state.restore(run, context, before_round=before, token=token)
-
-
-def _client(run: RunConfig, context: Context, msg: Message | None = None) -> Client:
-    """This node's one-partition client of the run's algorithm (rows not yet written for
-    a cohort, and the families' queries), its state restored as ``_restore`` does."""
-    if msg is not None:
-        _restore(run, context, msg)
-    cls = run.spec.client_class(family=run.family.name)
-    client: Client = cls(run, _partition(context), context.state)
-    return client
-
-
-def _capable(client: Client, capability: type, query: str) -> Any:
-    """``client``, if it implements ``capability``; else a clear error."""
-    if not isinstance(client, capability):
-        raise TypeError(
-            f"{type(client).__name__} cannot answer query.{query}: it does not "
-            f"implement {capability.__name__} ({capability.__module__})"
-        )
-    return client
 
 
 def _startup(
@@ -204,24 +183,22 @@ def _cohort_call(
     return done
 
 
-def _update(run: RunConfig, name: str, cohort: Cohort) -> list[Any]:
-    """The row's update function ``name`` (``fit``, ``evaluate``) on ``cohort``; a row
-    whose client trains one partition at a time (``AlgorithmSpec.client``) runs it
-    for each member."""
-    legacy = run.spec.client_class(family=run.family.name)
-    if legacy is not None:
-        out = []
-        for member in cohort.members:
-            client = legacy(run, member.partition, member.state)
-            if name == "fit":
-                out.append(client.fit(dict(member.arrays), cohort.config))
-            else:
-                out.append(client.evaluate(dict(member.arrays), cohort.config))
-        return out
+def _update(run: RunConfig, name: str, cohort: Cohort) -> Any:
+    """The row's update function ``name`` (``fit``, ``evaluate``, a query's answer:
+    one result per member; ``initial_arrays``: the arrays) on ``cohort``.
+
+    Raises
+    ------
+    TypeError
+        Naming the function, if neither the row's module nor its family's defines it.
+    """
     function = run.spec.update_function(name, run.family)
     if function is None:
-        raise TypeError(f"algorithm '{run.algorithm}' has no local update function '{name}'")
-    return list(function(cohort))
+        raise TypeError(
+            f"algorithm '{run.algorithm}' has no local update function '{name}': neither "
+            f"its module ({run.spec.update}) nor its family's defines one"
+        )
+    return function(cohort)
 
 
 def train_cohort(
@@ -339,12 +316,8 @@ def initial(msg: Message, context: Context) -> Message:
     """The seeded initial values of the shared model parts, or (config ``digest`` = 1)
     their SHA-256 (``protocol.arrays_digest``), which the server's vote counts."""
     run = _run(context)
-    seeded = run.spec.update_function("initial_arrays", run.family)
-    if run.spec.client_class(family=run.family.name) is not None or seeded is None:
-        client: SeedsModel = _capable(_client(run, context), SeedsModel, Query.INITIAL)
-        arrays = client.initial_arrays()
-    else:
-        arrays = seeded(Cohort(run, _config(msg), [Member(_partition(context), context.state)]))
+    member = Member(_partition(context), context.state)
+    arrays = _update(run, "initial_arrays", Cohort(run, _config(msg), [member]))
     arrays = _startup(run, context, arrays)
     if records.config_int(_config(msg), protocol.DIGEST, default=0):
         arrays = {protocol.DIGEST: protocol.arrays_digest(arrays)}
@@ -370,19 +343,14 @@ def snapshot(msg: Message, context: Context) -> Message:
 
 
 def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
-    """The ClientApp handler of a family's query: this node's client answers it (if it
-    implements the query's capability), through the query's fault injection."""
+    """The ClientApp handler of a family's query: the row's update function
+    ``query.function`` answers it for this node, through the query's fault injection."""
 
     def handle(msg: Message, context: Context) -> Message:
         run = _run(context)
-        if run.spec.client_class(family=run.family.name) is None:
-            arrays, metrics = _answer(query, run, msg, context)
-        else:
-            assert query.capability is not None
-            assert query.answer is not None
-
-            client = _capable(_client(run, context), query.capability, query.name)
-            arrays, metrics = query.answer(client, run, _arrays(msg), _config(msg))
+        member = Member(_partition(context), context.state, _arrays(msg))
+        cohort = Cohort(run, _config(msg), [member], run.client_threads)
+        arrays, metrics = _update(run, query.function, cohort)[0]
         if query.faults is Faults.STARTUP:
             arrays = _startup(run, context, arrays)
         elif query.faults is Faults.RELAY:
@@ -392,22 +360,6 @@ def family_handler(query: QuerySpec) -> Callable[[Message, Context], Message]:
     handle.__name__ = handle.__qualname__ = f"query_{query.name}"
     handle.__doc__ = query.doc
     return handle
-
-
-def _answer(query: QuerySpec, run: RunConfig, msg: Message, context: Context) -> Reply:
-    """A family's query answered by the row's update function ``query.function``, for
-    this node (a cohort of one)."""
-    function = run.spec.update_function(query.function, run.family) if query.function else None
-    if function is None:
-        raise TypeError(
-            f"algorithm '{run.algorithm}' cannot answer query.{query.name}: neither its "
-            f"module nor its family's defines '{query.function or query.name}'"
-        )
-    member = Member(_partition(context), context.state, _arrays(msg))
-    cohort = Cohort(run, _config(msg), [member], run.client_threads)
-    arrays, metrics = function(cohort)[0]
-    return arrays, metrics
-
 
 
 algorithms.load_extensions()  # families that installed packages register

@@ -25,9 +25,10 @@ import numpy as np
 from flwr.app import Array, ConfigRecord, Message, MetricRecord
 
 from fedpers import protocol
-from fedpers.clients.common import Arrays, Metrics, config_int
+from fedpers.cohort import Arrays, Metrics
 from fedpers.config import RunConfig
 from fedpers.faults import Fault, parse_faults
+from fedpers.records import config_int
 from fedpers.seeding import rng
 
 

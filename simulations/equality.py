@@ -1,9 +1,11 @@
 """Does a client's result depend on the cohort it trains in? Every row, both ways.
 
-    python -m simulations.equality [--rows fedrep,ditto] [--out DIR]
+    python -m simulations.equality [--rows fedrep,ditto,fedrep-linear] [--out DIR]
 
-For every row of the algorithm table, a small run (one round; two where state carries
-over between rounds) on the batched engine twice: every client alone
+For every row of the algorithm table, and every deep row's linear variant on the linear
+data set (``<row>-linear``, e.g. ``fedrep-linear``), a small run (one round; two where
+state carries over between rounds or the strategy is the row's own) on the batched
+engine twice: every client alone
 (``cohort_size = 1``, the per-client path, what a device runs) and the whole round as
 one cohort, both computed in float64. It compares everything the run leaves: the
 global state (``checkpoint.npz``), every client's personal state (each node's
@@ -71,13 +73,25 @@ SHEAF = {
     "final-rounds": 1,
 }
 LINEAR = {"dataset": "linear", "num-clients": 12, "fraction-train": 0.5}
+VARIANT = "-linear"  # "<row>-linear": a deep row's linear variant, on the linear data
+
+
+def rows() -> list[str]:
+    """Every row of the table, then ``<row>-linear`` for each deep row with a linear
+    variant."""
+    variants = [s.name + VARIANT for s in algorithms.all_specs() if s.deep and s.linear]
+    return [*algorithms.names(), *variants]
 
 
 def case(row: str) -> dict[str, Any]:
-    """The run of ``row``: its family's small setting, two rounds where client state
-    carries over, one otherwise."""
-    spec = algorithms.get(row)
-    if not spec.deep:
+    """The run of ``row`` (a row of the table, or ``<row>-linear``): its family's small
+    setting, two rounds where client state carries over or the strategy is the row's
+    own, one otherwise."""
+    name = row if row in algorithms.names() else row.removesuffix(VARIANT)
+    spec = algorithms.get(name)
+    linear = not spec.deep or name != row
+    strategy = spec.linear.strategy if linear and spec.linear else spec.strategy
+    if linear:
         base = dict(LINEAR)
     elif spec.family == "mixture":
         base = dict(MIXTURE)
@@ -87,44 +101,51 @@ def case(row: str) -> dict[str, Any]:
             base["sheaf-latent-dims"] = ",".join(["16"] * 6)
     else:
         base = dict(PERSONALIZED)
-    rounds = 2 if spec.keeps_state or spec.strategy != algorithms.AlgorithmSpec.strategy else 1
-    return {**base, "algorithm": row, "num-rounds": rounds}
+    rounds = 2 if spec.keeps_state or strategy != algorithms.AlgorithmSpec.strategy else 1
+    return {**base, "algorithm": name, "num-rounds": rounds}
 
 
 @contextlib.contextmanager
 def swapped(what: str) -> Iterator[None]:
     """Within it, every cohort of two or more trains its first two members with each
-    other's seeds (``what = "seed"``) or data (``"data"``): the controls."""
+    other's seeds (``what = "seed"``) or data (``"data"``): the controls. Both the torch
+    updates' ``fedpers.update.Local`` and the linear family's ``LinearLocal`` hand them
+    out."""
     from fedpers import update
+    from fedpers.families import linear
 
+    with contextlib.ExitStack() as stack:
+        for cls in (update.Local, linear.LinearLocal):
+            stack.enter_context(_swapped(cls, what))
+        yield
+
+
+@contextlib.contextmanager
+def _swapped(cls: type, what: str) -> Iterator[None]:
+    """``cls``'s ``generators(...)`` (``what = "seed"``) or its cached ``data``, with
+    the first two members' swapped."""
+    name = "generators" if what == "seed" else "data"
+    original = cls.__dict__[name]
+    replacement: Any
     if what == "seed":
-        original = update.Local.generators
 
-        def generators(self: Any, *args: Any, **kwargs: Any) -> Any:
-            made = original(self, *args, **kwargs)
-            if len(made) > 1:
-                made[0], made[1] = made[1], made[0]
-            return made
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return _first_two_swapped(original(self, *args, **kwargs))
 
-        update.Local.generators = generators  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            update.Local.generators = original  # type: ignore[method-assign]
-        return
-    original_data = update.Local.__dict__["data"]
-
-    def data(self: Any) -> Any:
-        mine = list(original_data.func(self))
-        if len(mine) > 1:
-            mine[0], mine[1] = mine[1], mine[0]
-        return mine
-
-    update.Local.data = property(data)  # type: ignore[assignment]
+    else:
+        replacement = property(lambda self: _first_two_swapped(original.func(self)))
+    setattr(cls, name, replacement)
     try:
         yield
     finally:
-        update.Local.data = original_data  # type: ignore[method-assign]
+        setattr(cls, name, original)
+
+
+def _first_two_swapped(items: Any) -> list[Any]:
+    mine = list(items)
+    if len(mine) > 1:
+        mine[0], mine[1] = mine[1], mine[0]
+    return mine
 
 
 def outcome(overrides: Mapping[str, Any], results: Path, **batched: Any) -> dict[str, Any]:
@@ -212,13 +233,14 @@ def compare(row: str, work: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="", help="comma-separated rows (default: every row)")
+    parser.add_argument(
+        "--rows", default="", help="comma-separated rows, <row>-linear too (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write DIR/summary.json")
     args = parser.parse_args(argv)
-    rows = [r for r in args.rows.split(",") if r] or algorithms.names()
     table: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as work:
-        for row in rows:
+        for row in [r for r in args.rows.split(",") if r] or rows():
             table[row] = compare(row, Path(work) / row)
             figures = "  ".join(f"{k} {v:.2e}" for k, v in table[row].items())
             print(f"{row:16s} {figures}", flush=True)

@@ -93,18 +93,11 @@ def output_parser(
         help="Ray GPUs per virtual client (fractions share a GPU, 0.25 = four clients a GPU; "
         "with 0, Ray hides the GPUs from the clients; default: %(default)s)",
     )
-    parser.add_argument(
-        "--engine",
-        dest="key_engine",
-        choices=("flower", "batched"),
-        default=None,
-        help="run-config key 'engine': 'flower' runs every run through `flwr run` on "
-        "Flower's Ray engine (the default); 'batched' runs the same ServerApp in this "
-        "script's processes with a round's clients trained as cohorts",
-    )
+    add_engine_flag(parser)
     parser.add_argument(
         "--quick", action="store_true", help="a small, fast version (for tests and CI)"
     )
+
 
     parser.add_argument(
         "--overwrite",
@@ -121,7 +114,22 @@ def output_parser(
     return parser
 
 
+def add_engine_flag(parser: argparse.ArgumentParser) -> None:
+    """``--engine``: the run-config key ``engine`` of every run (``runs.run_all`` sends
+    batched runs to this script's processes, the others through `flwr run`)."""
+    parser.add_argument(
+        "--engine",
+        dest="key_engine",
+        choices=("flower", "batched"),
+        default=None,
+        help="run-config key 'engine': 'flower' runs every run through `flwr run` on "
+        "Flower's Ray engine (the default); 'batched' runs the same ServerApp in this "
+        "script's processes with a round's clients trained as cohorts",
+    )
+
+
 def add_key_flags(
+
     parser: argparse.ArgumentParser,
     keys: Sequence[str],
     script: Mapping[str, Any] | None = None,

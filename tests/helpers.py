@@ -28,14 +28,10 @@ __all__ = [
 ]
 
 
-def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Any:
-    """The client the ClientApp would run for ``partition``: the row's update for a
-    cohort of one (``Node``), or the one-partition class of a row not yet written for a
-    cohort."""
-    cls = run.spec.client_class(family=run.family.name)
-    if cls is None:
-        return Node(run, partition, state)
-    return cls(run, partition, RecordDict() if state is None else state)
+def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Node:
+    """The client the ClientApp runs for ``partition``: the row's update for a cohort of
+    one (``Node``)."""
+    return Node(run, partition, state)
 
 
 class Node:

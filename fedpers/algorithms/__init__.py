@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import entry_points
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from fedpers import families
@@ -74,10 +73,13 @@ JOINT = (Phase(MODEL_PARTS),)
 
 @dataclass(frozen=True)
 class LinearVariant:
-    """Strategy and client of an algorithm's linear-model variant (FedRep, Section 4)."""
+    """An algorithm's linear-model variant (FedRep, Section 4): its strategy
+    (``"module:Class"``) and the module of its local update, written for a cohort
+    (``fit(cohort)``, ``evaluate(cohort)``; what it leaves out is the linear family's,
+    ``fedpers.families.linear``)."""
 
     strategy: str
-    client: str
+    update: str
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,7 @@ class AlgorithmSpec:
         The module of its local update: ``fit(cohort)``, ``evaluate(cohort)`` and the
         answers to its family's queries; what it leaves out is its family's
         (``FamilySpec.update``).
-    client : str (default: none)
-        ``"module:Class"`` of a client that trains one partition at a time (rows not
-        yet written for a cohort); when set, it runs instead of ``update``.
+
     phases : tuple of Phase (default: body and head jointly for ``epochs``)
         The local update of a personalized client, in order.
     final_test : FinalTest (default: NONE)
@@ -117,7 +117,8 @@ class AlgorithmSpec:
     unseen : bool (default: False)
         Whether it can serve unseen clients (``unseen-fraction > 0``).
     linear : LinearVariant, optional
-        Its variant for the linear model (``dataset = "linear"``).
+        Its variant for the linear model (``dataset = "linear"``): the strategy and the
+        update module that run instead of ``strategy`` and ``update`` there.
     deep : bool (default: True)
         False for algorithms that exist only for the linear model.
     personal_state : bool, optional
@@ -133,7 +134,7 @@ class AlgorithmSpec:
     shared: tuple[str, ...]
     strategy: str = "fedpers.strategies.base:FedpersStrategy"
     update: str = ""
-    client: str = ""
+
     phases: tuple[Phase, ...] = JOINT
     final_test: FinalTest = FinalTest.NONE
     settings: tuple[type, ...] = ()
@@ -164,25 +165,19 @@ class AlgorithmSpec:
         family's runs; the row's own otherwise)."""
         return load(self._variant(family).strategy if self._varies(family) else self.strategy)
 
-    def client_class(self, *, family: str | None = None) -> Any:
-        """The one-partition client class of a run of ``family`` (as
-        ``strategy_class``), or None where the row's update is written for a cohort."""
-        path = self._variant(family).client if self._varies(family) else self.client
-        return load(path) if path else None
-
-    def update_module(self, family: str | None = None) -> ModuleType:
-        """The module of the row's local update (``update``)."""
-        return importlib.import_module(self.update)
-
     def update_function(self, name: str, family: families.FamilySpec) -> Callable[..., Any] | None:
-        """The row's update function ``name`` (``fit``, ``evaluate``, a query's answer):
-        its own module's, else its family's (``family``: the run's), else None."""
-        for module in (self.update, family.update):
+        """The row's update function ``name`` (``fit``, ``evaluate``, a query's answer)
+        for a run of ``family`` (the run's): its own module's (``update_module``), else
+        its family's, else None."""
+        for module in (self._update_path(family.name), family.update):
             if module:
                 found = getattr(importlib.import_module(module), name, None)
                 if found is not None:
                     return found
         return None
+
+    def _update_path(self, family: str | None) -> str:
+        return self._variant(family).update if self._varies(family) else self.update
 
     def _varies(self, family: str | None) -> bool:
         return family == LINEAR_FAMILY and self.family != LINEAR_FAMILY

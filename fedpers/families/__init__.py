@@ -22,10 +22,10 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 
 from fedpers.faults import FaultTargets
 
@@ -50,11 +50,6 @@ class Faults(StrEnum):
     RELAY = "relay"  # an answer the server relays to other nodes
 
 
-Answer = Callable[[Any, "RunConfig", Arrays, ConfigRecord], tuple[Arrays, Metrics]]
-"""``answer(client, run, arrays, config) -> (arrays, metrics)``: a query's reply from
-the message's arrays and config."""
-
-
 @dataclass(frozen=True)
 class QuerySpec:
     """A query a family's clients answer, beyond Flower's train and evaluate.
@@ -63,31 +58,22 @@ class QuerySpec:
     ----------
     name : str
         The action: the message type is ``query.<name>`` (``fedpers.protocol.query_type``).
-    capability : type
-        For a row whose client trains one partition at a time (``AlgorithmSpec.client``):
-        the runtime-checkable ``typing.Protocol`` the client must implement; a client
-        that does not is refused with a clear error.
-    answer : Answer
-        For such a row: the reply, from the client and the message.
+    function : str
+        The name of the update function that answers, ``function(cohort) ->
+        [(arrays, metrics)]`` (one per member; the member's ``arrays`` are the
+        message's), looked up in the row's module, then its family's
+        (``AlgorithmSpec.update_function``); a row without one is refused with a clear
+        error.
     faults : Faults
         Which fault injection the answer passes through (tests).
     doc : str
         One line: what it answers.
-    function : str
-        For a row written for a cohort: the name of the update function that answers,
-        ``function(cohort) -> [(arrays, metrics)]`` (one per member; the member's
-        ``arrays`` are the message's), looked up in the row's module, then its family's
-        (``AlgorithmSpec.update_function``); a row without one is refused with a clear
-        error.
     """
 
     name: str
-    capability: type | None = None
-    answer: Answer | None = None
+    function: str
     faults: Faults = Faults.NONE
     doc: str = ""
-    function: str = ""
-
 
 
 @dataclass(frozen=True)

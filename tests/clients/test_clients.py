@@ -4,7 +4,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from numpy.testing import assert_allclose, assert_array_equal
 
 from fedpers import linear, protocol
@@ -131,6 +131,20 @@ def _linear_client(algorithm: str, state: RecordDict, head_steps: int = 0) -> An
     return client_of(run, 3, state)
 
 
+def _linear_samples(purpose: str, server_round: int, partition: int = 3) -> Any:
+    """A linear client's fresh samples, drawn independently from its own stream."""
+    tasks = LinearTasks(10, 2, 0.0316, 0)
+    return tasks.sample(partition, 5, rng(0, "linear", purpose, partition, server_round))
+
+
+def _stored_head(state: RecordDict) -> np.ndarray:
+    """The head a linear client keeps in its ``context.state``."""
+    record = state[protocol.STATE_PERSONAL]
+    assert isinstance(record, ArrayRecord)
+    head: np.ndarray = record["head.weight"].numpy()[0]
+    return head
+
+
 def test_linear_fedrep_solves_the_head_exactly_then_steps_on_b() -> None:
     state = RecordDict()
     client = _linear_client("fedrep", state)
@@ -140,7 +154,7 @@ def test_linear_fedrep_solves_the_head_exactly_then_steps_on_b() -> None:
     tasks = LinearTasks(10, 2, 0.0316, 0)
     x, y = tasks.sample(3, 5, rng(0, "linear", "train", 3, 1))
     head, *_ = np.linalg.lstsq(x @ b, y, rcond=None)
-    assert_allclose(client.stored_head(), head, atol=1e-12)
+    assert_allclose(_stored_head(state), head, atol=1e-12)
     residual = y - x @ b @ head
     expected = b + 0.05 * np.outer(x.T @ residual, head) / 5
     assert_allclose(arrays["body.weight"].T, expected, atol=1e-12)
@@ -152,9 +166,9 @@ def test_gd_gd_takes_gradient_steps_from_the_stored_head() -> None:
     b = linear.orthonormalize(np.random.default_rng(1).standard_normal((10, 2)))
     config = ConfigRecord(TRAIN)
     client.fit({"body.weight": b.T}, config)
-    x, y = client.samples("train", 1)
+    x, y = _linear_samples("train", 1)
     assert_allclose(
-        client.stored_head(), -0.4 * linear.head_gradient(x, y, b, np.zeros(2)), atol=1e-12
+        _stored_head(state), -0.4 * linear.head_gradient(x, y, b, np.zeros(2)), atol=1e-12
     )
 
 
@@ -162,9 +176,52 @@ def test_fedsgd_client_steps_on_both_parts() -> None:
     client = _linear_client("fedsgd", RecordDict())
     b, w = np.random.default_rng(2).standard_normal((10, 2)), np.array([0.3, -0.2])
     arrays, _ = client.fit({"body.weight": b.T, "head.weight": w[None, :]}, ConfigRecord(TRAIN))
-    x, y = client.samples("train", 1)
+    x, y = _linear_samples("train", 1)
     assert_allclose(arrays["body.weight"].T, b - 0.05 * linear.representation_gradient(x, y, b, w))
     assert_allclose(arrays["head.weight"][0], w - 0.05 * linear.head_gradient(x, y, b, w))
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedsgd"])
+def test_linear_clients_answer_the_moments_query_from_their_own_samples(algorithm: str) -> None:
+    client = _linear_client(algorithm, RecordDict())
+    [(arrays, metrics)] = client.call("moments", {})
+    x, y = _linear_samples("moments", 0)
+    assert_allclose(arrays["moments"], (x * (y**2)[:, None]).T @ x / 5, atol=1e-12)
+    assert metrics == {protocol.NUM_EXAMPLES: 5.0}
+
+
+def test_linear_fedrep_evaluates_with_the_kept_head_or_one_solved_on_fresh_samples() -> None:
+    state = RecordDict()
+    client = _linear_client("fedrep", state)
+    b = linear.orthonormalize(np.random.default_rng(3).standard_normal((10, 2)))
+    x_test, y_test = LinearTasks(10, 2, 0.0316, 0).sample(3, 1000, rng(0, "linear", "test", 3, 2))
+    untrained = client.evaluate({"body.weight": b.T}, ConfigRecord({protocol.ROUND: 2}))
+    x, y = _linear_samples("train", 0)  # a client that never trained solves on these
+    head, *_ = np.linalg.lstsq(x @ b, y, rcond=None)
+    assert untrained[protocol.NUM_EXAMPLES] == 1000.0
+    assert_allclose(untrained[protocol.LOSS], np.mean((y_test - x_test @ b @ head) ** 2))
+    client.fit({"body.weight": b.T}, ConfigRecord(TRAIN))
+    trained = client.evaluate({"body.weight": b.T}, ConfigRecord({protocol.ROUND: 2}))
+    kept = _stored_head(state)
+    assert_allclose(trained[protocol.LOSS], np.mean((y_test - x_test @ b @ kept) ** 2))
+
+
+def test_a_linear_client_refuses_arrays_without_its_model() -> None:
+    client = _linear_client("fedsgd", RecordDict())
+    with pytest.raises(ValueError, match=r"expected arrays \['body.weight', 'head.weight'\]"):
+        client.fit({"body.weight": np.zeros((2, 10))}, ConfigRecord(TRAIN))
+
+
+def test_a_linear_cohort_that_fails_keeps_no_members_head() -> None:
+    from fedpers.cohort import Cohort, Member
+
+    client = _linear_client("fedrep", RecordDict(), head_steps=1)
+    good = Member(3, RecordDict(), {"body.weight": np.eye(10)[:2]})
+    bad = Member(4, RecordDict(), {"body.weight": np.zeros((2, 7))})
+    fit = client.run.spec.update_function("fit", client.run.family)
+    with pytest.raises(ValueError, match="mismatch"):  # numpy's, from the bad member's B
+        fit(Cohort(client.run, ConfigRecord(TRAIN), [good, bad]))
+    assert protocol.STATE_PERSONAL not in good.state  # its rerun alone starts afresh
 
 
 def test_gmm_embedding_from_a_local_resnet18_file(tmp_path: Any) -> None:
@@ -184,12 +241,15 @@ def test_gmm_embedding_from_a_local_resnet18_file(tmp_path: Any) -> None:
             gmm_embedding_dim=8,
         )
     )
-    client = client_of(run, 0)
-    moments = client.pca_moments()
+    from fedpers.algorithms import fedgmm
+
+    node = client_of(run, 0)
+    moments, _ = node.call("pca_moments", {})[0]
     assert moments["pca.sum"].shape == (512,)  # encoder features, not the 64 pixels
     directions = np.linalg.qr(np.random.default_rng(0).standard_normal((512, 8)))[0].T
-    z = client.embed(client.data.x_train, {"pca.mean": np.zeros(512), "pca.directions": directions})
-    assert z.shape == (len(client.data.y_train), 8)
+    pca = {"pca.mean": np.zeros(512), "pca.directions": directions}
+    z = fedgmm.embed(run, node.data.x_train, pca)
+    assert z.shape == (len(node.data.y_train), 8)
     assert np.all(np.isfinite(z))
 
 

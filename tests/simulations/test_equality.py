@@ -1,8 +1,9 @@
-"""A client's result does not depend on its cohort: every row, one round (two where state
-carries over), the batched engine's cohort against the per-client path (each client
-alone, what a device runs), in float64: the global state, every client's personal state
-and every metric equal to 1e-5 (relative). Each comparison is shown to fail when two
-clients' seeds, or data, are swapped in the cohort (``simulations.equality``)."""
+"""A client's result does not depend on its cohort: every row (and every deep row's linear
+variant, ``<row>-linear``), one round (two where state carries over), the batched
+engine's cohort against the per-client path (each client alone, what a device runs), in
+float64: the global state, every client's personal state and every metric equal to 1e-5
+(relative). Each comparison is shown to fail when two clients' seeds, or data, are
+swapped in the cohort (``simulations.equality``)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fedpers import algorithms
 from fedpers.simulations import equality
 
-ROWS = [
-    spec.name
-    for spec in algorithms.all_specs()
-    if not spec.client and (spec.deep or spec.linear is None or not spec.linear.client)
-]
 
-
-@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("row", equality.rows())
 def test_a_cohort_gives_each_client_its_result_alone(row: str, tmp_path: Path) -> None:
     overrides = {**equality.case(row), "run-name": row}
     alone = equality.outcome(overrides, tmp_path / "alone", cohort_size=1, dtype="float64")
