@@ -98,7 +98,6 @@ def output_parser(
         "--quick", action="store_true", help="a small, fast version (for tests and CI)"
     )
 
-
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -129,7 +128,6 @@ def add_engine_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_key_flags(
-
     parser: argparse.ArgumentParser,
     keys: Sequence[str],
     script: Mapping[str, Any] | None = None,

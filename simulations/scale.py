@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["machine"] = machine
     write_summary(out, result)
     table = _tables(result)
-    (out / "table.md").write_text(f"# FedRep at scale (MNIST-1D, {machine['cores']} cores)\n\n{table}")
+    (out / "table.md").write_text(
+        f"# FedRep at scale (MNIST-1D, {machine['cores']} cores)\n\n{table}"
+    )
     print(f"\n{table}\nresults: {out}")
     return result
 
@@ -303,7 +305,10 @@ def round_gflop(config: RunConfig) -> float:
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     forward = {name: 2 * m.in_features * m.out_features for name, m in layers}
     total = 0.0
-    for parts, epochs in (((protocol.HEAD,), config.head_epochs), ((protocol.BODY,), config.epochs)):
+    for parts, epochs in (
+        ((protocol.HEAD,), config.head_epochs),
+        ((protocol.BODY,), config.epochs),
+    ):
         trained = [name for name, _ in layers if name.split(".", 1)[0] in parts]
         first = next(i for i, (name, _) in enumerate(layers) if name in trained)
         backward = sum(forward[name] for name in trained)  # the weights' gradients
@@ -332,9 +337,14 @@ def _tables(result: dict[str, Any]) -> str:
         rows = figures.get("clients", {})
         if rows:
             blocks.append(f"## {engine}\n\n{_table(rows, flower=engine == 'flower')}")
-    jobs = {e: f["main_job_seconds"] for e, f in result["engines"].items() if "main_job_seconds" in f}
+    jobs = {
+        e: f["main_job_seconds"] for e, f in result["engines"].items() if "main_job_seconds" in f
+    }
     if jobs:
-        blocks.append("## the main job (make run)\n\n" + "\n".join(f"- {e}: {s:.1f} s" for e, s in jobs.items()))
+        blocks.append(
+            "## the main job (make run)\n\n"
+            + "\n".join(f"- {e}: {s:.1f} s" for e, s in jobs.items())
+        )
     for name in ("memory_per_client_kb", "tree_memory_per_client_kb"):
         if name in result:
             blocks.append(f"{name.replace('_', ' ')}: {result[name]:.1f}")
@@ -342,9 +352,10 @@ def _tables(result: dict[str, Any]) -> str:
 
 
 def _table(measured: dict[str, dict[str, float]], *, flower: bool) -> str:
-    parts = (
-        ["startup_to_serverapp_seconds", "startup_nodes_seconds"] if flower else []
-    ) + ["startup_partition_query_seconds", "startup_initial_model_seconds"]
+    parts = (["startup_to_serverapp_seconds", "startup_nodes_seconds"] if flower else []) + [
+        "startup_partition_query_seconds",
+        "startup_initial_model_seconds",
+    ]
     return markdown_table(
         [
             "clients",
