@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -207,16 +208,80 @@ def _mnist1d_scale() -> tuple[float, float]:
     return float(x.mean()), float(x.std())
 
 
-def _mnist1d_samples(labels: np.ndarray, numpy_seed: int) -> np.ndarray:
-    """Raw MNIST-1D signals of ``labels``, from the package's templates and transforms
-    (which draw from numpy's global RNG: seeded here, and restored afterwards)."""
+def _mnist1d_samples(labels: np.ndarray, numpy_seed: int, eps: float = 1e-8) -> np.ndarray:
+    """Raw MNIST-1D signals of ``labels``: the package's templates and transform
+    (``mnist1d.transform.transform``: pad, dilate, scale, translate, correlated and iid
+    noise, shear, subsample), the same bits as the package's loop over the samples
+    drawing from numpy's global RNG seeded with ``numpy_seed`` (tests/fedpers/
+    test_data.py compares them), computed for all samples at once.
+
+    The random draws stay one sample at a time, in the package's order, from a
+    ``RandomState`` of that seed (the global one is not touched); the transforms run
+    on all samples together (``np.interp``'s formula for every row, the first
+    interpolation per padding length): 2.8 ms for a 125-sample client instead of 27."""
     from mnist1d.data import get_dataset_args, get_templates
-    from mnist1d.transform import transform
+    from scipy.ndimage import gaussian_filter1d
 
     args, templates = get_dataset_args(), get_templates()
-    with isolated_global_numpy_and_random():
-        np.random.seed(numpy_seed)  # noqa: NPY002  # mnist1d draws from the global RNG
-        return np.stack([transform(templates["x"][y], templates["t"], args)[0] for y in labels])
+    low, high = args.padding
+    count, length = len(labels), args.template_len + high
+    draws = _mnist1d_draws(np.random.RandomState(numpy_seed), count, length, args)  # noqa: NPY002
+    pads, scales, shifts, correlated, iid, shears = draws
+    grid = np.linspace(0, 1, length)
+    x = np.empty((count, length))
+    base = templates["x"][labels] + eps
+    for pad in np.unique(pads):
+        rows = np.flatnonzero(pads == pad)
+        padded = np.concatenate([base[rows], np.zeros((len(rows), pad))], axis=1)
+        x[rows] = _interp_rows(grid, np.linspace(0, 1, padded.shape[1]), padded)
+    x *= scales[:, None]
+    x = np.take_along_axis(x, (np.arange(length)[None, :] - shifts[:, None]) % length, axis=1)
+    mask = x != 0
+    x = mask * x + (1 - mask) * gaussian_filter1d(correlated, 2, axis=-1)
+    x = x + iid
+    x = x - shears[:, None] * np.linspace(-0.5, 0.5, length)[None, :]
+    return _interp_rows(np.linspace(0, 1, args.final_seq_length), grid, x)
+
+
+def _mnist1d_draws(
+    state: np.random.RandomState, count: int, length: int, args: Any
+) -> tuple[np.ndarray, ...]:
+    """Every sample's random parameters, drawn as ``mnist1d.transform`` draws them, one
+    sample after another: its padding, scale, translation, correlated noise, iid noise
+    and shear."""
+    low, high = args.padding
+    pads = np.empty(count, dtype=np.int64)
+    shifts = np.empty(count, dtype=np.int64)
+    scales, shears = np.empty(count), np.empty(count)
+    correlated, iid = np.empty((count, length)), np.empty((count, length))
+    rand, randn, choice = state.rand, state.randn, state.choice
+    for i in range(count):
+        pads[i] = low + int(rand() * (high - low + 1))
+        scales[i] = 1 + args.scale_coeff * (rand() - 0.5)
+        shifts[i] = choice(args.max_translation)
+        correlated[i] = randn(length)
+        iid[i] = randn(length)
+        shears[i] = args.shear_scale * (rand() - 0.5)
+    return (
+        pads,
+        scales,
+        shifts,
+        args.corr_noise_scale * correlated,
+        args.iid_noise_scale * iid,
+        shears,
+    )
+
+
+def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x, xp, row)`` for every row of ``fp``, its formula written out for
+    all rows at once (the same bits: ``x`` within ``xp``'s range, ``xp`` increasing)."""
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    slope = (fp[:, j + 1] - fp[:, j]) / (xp[j + 1] - xp[j])
+    out = slope * (x - xp[j]) + fp[:, j]
+    exact = x == xp[j]
+    out[:, exact] = fp[:, j[exact]]
+    out[:, x == xp[-1]] = fp[:, -1:]
+    return out
 
 
 # ----------------------------------------------------------------------- digits

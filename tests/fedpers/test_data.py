@@ -216,3 +216,22 @@ def test_validation_and_test_splits_are_disjoint(overrides: dict[str, object]) -
         # and it comes out of the client's own data, not from elsewhere
         assert held <= _rows(test.x_train) | _rows(test.x_val)
         assert _rows(chosen.x_train) | held <= _rows(test.x_train) | _rows(test.x_val)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**31 + 5])
+def test_generated_mnist1d_is_the_packages_transform_bit_for_bit(seed: int) -> None:
+    """The samples of ``partitioner = "generated"`` (drawn for all samples at once)
+    against the package's own loop: ``mnist1d.transform.transform`` of each template,
+    drawing from numpy's global RNG seeded with the same seed."""
+    from mnist1d.data import get_dataset_args, get_templates
+    from mnist1d.transform import transform
+
+    from fedpers.data.sources import _mnist1d_samples
+
+    labels = np.random.default_rng(seed).integers(0, 10, 300)
+    args, templates = get_dataset_args(), get_templates()
+    state = np.random.get_state()  # noqa: NPY002
+    np.random.seed(seed % 2**32)  # noqa: NPY002
+    expected = np.stack([transform(templates["x"][y], templates["t"], args)[0] for y in labels])
+    np.random.set_state(state)  # noqa: NPY002
+    np.testing.assert_array_equal(_mnist1d_samples(labels, seed % 2**32), expected)
