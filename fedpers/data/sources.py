@@ -223,9 +223,8 @@ def _mnist1d_samples(labels: np.ndarray, numpy_seed: int, eps: float = 1e-8) -> 
     from scipy.ndimage import gaussian_filter1d
 
     args, templates = get_dataset_args(), get_templates()
-    low, high = args.padding
-    count, length = len(labels), args.template_len + high
-    draws = _mnist1d_draws(np.random.RandomState(numpy_seed), count, length, args)  # noqa: NPY002
+    count, length = len(labels), args.template_len + args.padding[1]
+    draws = _mnist1d_draws(np.random.RandomState(numpy_seed), count, length, args)
     pads, scales, shifts, correlated, iid, shears = draws
     grid = np.linspace(0, 1, length)
     x = np.empty((count, length))
