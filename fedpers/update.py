@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from fedpers import protocol, records
 from fedpers.cohort import Arrays, Cohort, Member, Metrics, Reply
-from fedpers.data.client import ClientData, adaptation_split, client_data
+from fedpers.data.client import ClientData, adaptation_split, clients_data
 from fedpers.models import build_model
 from fedpers.seeding import int_seed
 from fedpers.training import (
@@ -71,7 +71,7 @@ class Local:
     @cached_property
     def data(self) -> list[ClientData]:
         """Each member's data (``client_data``, cached per process)."""
-        return [client_data(self.run, m.partition) for m in self.members]
+        return clients_data(self.run, [m.partition for m in self.members])
 
     @property
     def round(self) -> int:
