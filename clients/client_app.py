@@ -70,14 +70,15 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
 
 
-def _restore(run: RunConfig, context: Context, msg: Message) -> None:
+def _restore(run: RunConfig, context: Context, msg: Message, config: ConfigRecord) -> None:
     """The node's state restored from the device if the node is fresh
     (``clients.device_state``): training in round r starts from the state after round
-    r - 1; evaluating in round r sees the state trained in round r."""
-    if protocol.ROUND in _config(msg):
-        server_round = records.integer(_config(msg)[protocol.ROUND], protocol.ROUND)
+    r - 1; evaluating in round r sees the state trained in round r. ``config`` is the
+    message's (``_config``)."""
+    if protocol.ROUND in config:
+        server_round = records.integer(config[protocol.ROUND], protocol.ROUND)
         evaluating = msg.metadata.message_type == MessageType.EVALUATE
-        token = str(_config(msg).get(protocol.RUN_TOKEN, ""))
+        token = str(config.get(protocol.RUN_TOKEN, ""))
         before = server_round + (1 if evaluating else 0)
         device_state.restore(run, context, before_round=before, token=token)
 
@@ -96,13 +97,21 @@ def _relayed(
     return faults.relay(run, _partition(context), _config(msg), arrays)
 
 
-def _arrays(msg: Message) -> dict[str, np.ndarray]:
-    if protocol.ARRAYS not in msg.content.array_records:
+def _arrays(msg: Message, decoded: dict[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The message's arrays, decoded (read-only); ``decoded`` shares the decoding of an
+    ``Array`` that several messages of a cohort hold (the round's shared arrays)."""
+    found = msg.content.array_records
+    if protocol.ARRAYS not in found:
         return {}
-    return {
-        name: records.values(array)
-        for name, array in msg.content.array_records[protocol.ARRAYS].items()
-    }
+    arrays = {}
+    for name, array in found[protocol.ARRAYS].items():
+        if decoded is None or id(array) not in decoded:
+            values = records.values(array)
+            values.flags.writeable = False
+            if decoded is not None:
+                decoded[id(array)] = values
+        arrays[name] = decoded[id(array)] if decoded is not None else values
+    return arrays
 
 
 def _config(msg: Message) -> ConfigRecord:
@@ -139,12 +148,13 @@ def _unpack(pairs: Sequence[tuple[Message, Context]], results: list[Any]) -> lis
     """Each message's run, settings and member, with its node's state restored; a
     message that fails here gets its exception as its result."""
     work = []
+    decoded: dict[int, np.ndarray] = {}  # one decoding of an Array that many messages hold
     for index, (msg, context) in enumerate(pairs):
         try:
             run = _run(context)
-            _restore(run, context, msg)
             config = _config(msg)
-            member = Member(_partition(context), context.state, _arrays(msg))
+            _restore(run, context, msg, config)
+            member = Member(_partition(context), context.state, _arrays(msg, decoded))
             work.append(_Work(index, msg, context, run, config, member))
         except Exception as error:  # one message's defect is its own reply
             results[index] = error

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -202,7 +203,7 @@ class Stack:
             rows = []
             for given in arrays:
                 if name in given:
-                    row = torch.as_tensor(given[name])
+                    row = torch.tensor(given[name])  # a copy: the arrays may be read-only
                     if tuple(row.shape) != tuple(value.shape):
                         raise ValueError(
                             f"parameter '{name}' has shape {tuple(value.shape)}, "
@@ -514,6 +515,146 @@ class Batch:
         return len(set(self.sizes)) == 1 and self.sizes[0] > 0
 
 
+class Plan:
+    """Every client's mini-batches of a local update, stacked by step: ``index`` (S, K,
+    B) sample indices (zero-padded), ``sizes`` (S, K) batch sizes (0: no batch for that
+    client in that step), ``last`` (S, K) whether the step is in the client's last
+    epoch, and the augmentation's and objective's draws stacked alike. Built once per
+    local update from each client's steps (``client_steps``), so that a step of the
+    cohort indexes tensors instead of walking its clients.
+
+    Parameters
+    ----------
+    steps : sequence of sequences of ClientStep
+        Each client's steps, in order.
+    """
+
+    def __init__(self, steps: Sequence[Sequence[ClientStep]]) -> None:
+        clients = len(steps)
+        self.length = max((len(own) for own in steps), default=0)
+        width = max((len(step.index) for own in steps for step in own), default=0)
+        self.index = torch.zeros((self.length, clients, width), dtype=torch.long)
+        self.sizes = torch.zeros((self.length, clients), dtype=torch.long)
+        self.last = torch.zeros((self.length, clients), dtype=torch.bool)
+        for k, own in enumerate(steps):
+            if not own:
+                continue
+            self.sizes[: len(own), k] = torch.tensor([len(step.index) for step in own])
+            self.last[: len(own), k] = torch.tensor([step.last_epoch for step in own])
+            rows = torch.nn.utils.rnn.pad_sequence([step.index for step in own], batch_first=True)
+            self.index[: len(own), k, : rows.shape[1]] = rows
+        self.augment = _stacked_draws(steps, "augment", self.length, width)
+        self.extra = _stacked_draws(steps, "extra", self.length, width)
+
+    @classmethod
+    def draw(
+        cls,
+        counts: Sequence[int],
+        epochs: int,
+        batch_size: int,
+        generators: Sequence[torch.Generator],
+        *,
+        augment: Augment | None = None,
+        extra: Callable[[torch.Generator], Any] | None = None,
+    ) -> Plan:
+        """Each client's mini-batches of ``epochs`` passes (``client_steps``), drawn
+        from its own generator; without augmentation or an objective's draws, only each
+        epoch's order is drawn, the same draws, laid out without a step object each."""
+        if augment is not None or extra is not None:
+            return cls(
+                [
+                    client_steps(n, epochs, batch_size, g, augment=augment, extra=extra)
+                    for n, g in zip(counts, generators, strict=True)
+                ]
+            )
+        plan = cls([])
+        width = min(batch_size, max(counts, default=0))
+        batches = [math.ceil(n / batch_size) for n in counts]
+        plan.length = epochs * max(batches, default=0)
+        plan.index = torch.zeros((plan.length, len(counts), width), dtype=torch.long)
+        plan.sizes = torch.zeros((plan.length, len(counts)), dtype=torch.long)
+        plan.last = torch.zeros((plan.length, len(counts)), dtype=torch.bool)
+        for k, (n, g) in enumerate(zip(counts, generators, strict=True)):
+            if n == 0 or epochs == 0:
+                continue
+            orders = torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)])
+            steps = epochs * batches[k]
+            rows = F.pad(orders, (0, batches[k] * batch_size - n)).view(steps, batch_size)
+            plan.index[:steps, k] = rows[:, :width]
+            sizes = torch.full((batches[k],), batch_size)
+            sizes[-1] = n - (batches[k] - 1) * batch_size
+            plan.sizes[:steps, k] = sizes.repeat(epochs)
+            plan.last[(epochs - 1) * batches[k] : steps, k] = True
+        return plan
+
+    def __len__(self) -> int:
+        return self.length
+
+    def steps(self, k: int) -> int:
+        """The steps client ``k`` takes."""
+        return int((self.sizes[:, k] > 0).sum())
+
+    def batch(
+        self,
+        s: int,
+        data: CohortData,
+        *,
+        sample_weights: torch.Tensor | None = None,
+        augment: Augment | None = None,
+    ) -> Batch:
+        """The cohort's batch of step ``s``: every client's rows of its own data."""
+        sizes = self.sizes[s].tolist()
+        width = max(sizes, default=0)
+        device = data.x.device
+        index = self.index[s, :, :width].to(device)
+        real = (torch.arange(width)[None, :] < self.sizes[s][:, None]).to(device)
+        rows = torch.arange(data.size, device=device)[:, None]
+        if data.size == 1:  # the client's own rows, gathered as a loop over it gathers them
+            xb, yb = data.x[0][index[0]][None], data.y[0][index[0]][None]
+        else:
+            xb, yb = data.x[rows, index], data.y[rows, index]
+        if augment is not None and self.augment is not None:
+            xb = augment.apply(xb, tuple(p[s, :, :width] for p in self.augment))
+        weight = real.to(xb.dtype if xb.is_floating_point() else torch.float32)
+        if sample_weights is not None:
+            weight = weight * (
+                sample_weights[0][index[0]][None] if data.size == 1 else sample_weights[rows, index]
+            )
+        count = self.sizes[s].clamp(min=1).to(weight.dtype).to(device)
+        extra = None if self.extra is None else pytree.tree_map(lambda t: t[s], self.extra)
+        active = (self.sizes[s] > 0).to(device)
+        last = self.last[s].tolist()
+        return Batch(xb, yb, weight, count, active, sizes, index, extra, last)
+
+
+def _stacked_draws(
+    steps: Sequence[Sequence[ClientStep]], name: str, length: int, width: int
+) -> Any:
+    """Every client's draws ``name`` of its steps (``augment``: per-sample tensors,
+    padded to ``width``; ``extra``: an objective's, of equal shapes) stacked (S, K, ...);
+    zeros where a client has no step; None where nobody drew."""
+    drawn = [[getattr(step, name) for step in own] for own in steps]
+    first = next((d for own in drawn for d in own if d is not None), None)
+    if first is None:
+        return None
+    per_sample = name == "augment"
+
+    def blank(leaf: torch.Tensor) -> torch.Tensor:
+        shape = (length, len(steps), width) if per_sample else (length, len(steps), *leaf.shape)
+        return torch.zeros(shape, dtype=leaf.dtype)
+
+    stacked = pytree.tree_map(blank, first)
+    targets = pytree.tree_leaves(stacked)
+    for k, own in enumerate(drawn):
+        for s, draws in enumerate(own):
+            for target, leaf in zip(targets, pytree.tree_leaves(draws), strict=True):
+                if per_sample:
+                    target[s, k, : len(leaf)] = leaf
+                else:
+                    target[s, k] = leaf
+    return stacked
+
+
 def assemble(
     data: CohortData,
     steps: Sequence[ClientStep | None],
@@ -523,52 +664,8 @@ def assemble(
 ) -> Batch:
     """The cohort's batch of one step from every client's ``ClientStep`` (None: no
     batch for that client)."""
-    size = data.size
-    sizes = [0 if s is None else len(s.index) for s in steps]
-    width = max(sizes, default=0)
-    device = data.x.device
-    index = torch.zeros((size, width), dtype=torch.long)
-    real = torch.zeros((size, width), dtype=torch.bool)
-    for k, step in enumerate(steps):
-        if step is not None:
-            index[k, : sizes[k]] = step.index
-            real[k, : sizes[k]] = True
-    index, real = index.to(device), real.to(device)
-    rows = torch.arange(size, device=device)[:, None]
-    if size == 1:  # the client's own rows, gathered as a loop over it gathers them
-        xb, yb = data.x[0][index[0]][None], data.y[0][index[0]][None]
-    else:
-        xb, yb = data.x[rows, index], data.y[rows, index]
-    if augment is not None:
-        drawn = [s.augment if s is not None else None for s in steps]
-        params = []
-        for j in range(len(next(d for d in drawn if d is not None))):
-            column = torch.zeros((size, width), dtype=next(d for d in drawn if d)[j].dtype)
-            for k, d in enumerate(drawn):
-                if d is not None:
-                    column[k, : sizes[k]] = d[j]
-            params.append(column)
-        xb = augment.apply(xb, tuple(params))
-    weight = real.to(xb.dtype if xb.is_floating_point() else torch.float32)
-    if sample_weights is not None:
-        weight = weight * (
-            sample_weights[0][index[0]][None] if size == 1 else sample_weights[rows, index]
-        )
-    count = torch.tensor([max(s, 1) for s in sizes], dtype=weight.dtype, device=device)
-    active = torch.tensor([s > 0 for s in sizes], device=device)
-    extra = _stack_extra([None if s is None else s.extra for s in steps])
-    last = [s is not None and s.last_epoch for s in steps]
-    return Batch(xb, yb, weight, count, active, sizes, index, extra, last)
-
-
-def _stack_extra(extras: list[Any]) -> Any:
-    """Stack the clients' extra draws (tensors of equal shapes, or nested tuples of
-    them); a client without a step takes zeros."""
-    present = next((e for e in extras if e is not None), None)
-    if present is None:
-        return None
-    filled = [pytree.tree_map(torch.zeros_like, present) if e is None else e for e in extras]
-    return pytree.tree_map(lambda *leaves: torch.stack(leaves), *filled)
+    plan = Plan([[] if step is None else [step] for step in steps])
+    return plan.batch(0, data, sample_weights=sample_weights, augment=augment)
 
 
 # ------------------------------------------------------------------------- optimizer
@@ -743,22 +840,16 @@ def train(
     if not names or epochs == 0:
         return [TrainStats(float("nan"), n, 0) for n in data.counts]
     seeds = [dropout_seed(g) if n else None for g, n in zip(generators, data.counts, strict=True)]
-    plans = [
-        client_steps(n, epochs, settings.batch_size, g, augment=augment, extra=extra)
-        for n, g in zip(data.counts, generators, strict=True)
-    ]
+    plan = Plan.draw(
+        data.counts, epochs, settings.batch_size, generators, augment=augment, extra=extra
+    )
     masks = DropoutMasks(stack, seeds, data.x[0]) if stack.has_dropout else None
     descent = Descent(stack, names, settings, correction, max_grad_norm, clip_groups)
     record = LastEpochLoss(stack.size)
     try:
         with training_mode(stack.template, True):
-            for s in range(max((len(p) for p in plans), default=0)):
-                batch = assemble(
-                    data,
-                    [p[s] if s < len(p) else None for p in plans],
-                    sample_weights=sample_weights,
-                    augment=augment,
-                )
+            for s in range(len(plan)):
+                batch = plan.batch(s, data, sample_weights=sample_weights, augment=augment)
                 if masks is not None:
                     batch.masks = masks.draw(batch.sizes, batch.x.shape[1], batch.x)
                 loss = step_losses(stack, objective, batch, inputs)
@@ -766,7 +857,7 @@ def train(
                 record.add(loss, batch)
     finally:
         descent.release()
-    return record.stats(data.counts, [len(p) for p in plans])
+    return record.stats(data.counts, [plan.steps(k) for k in range(stack.size)])
 
 
 class Descent:
@@ -818,18 +909,18 @@ class LastEpochLoss:
 
     def __init__(self, size: int) -> None:
         self.losses = torch.zeros(size, dtype=torch.float64)
-        self.seen = [0] * size
+        self.seen = torch.zeros(size, dtype=torch.long)
 
     def add(self, loss: torch.Tensor, batch: Batch) -> None:
+        last = torch.tensor(batch.last_epoch)
+        sizes = torch.tensor(batch.sizes)
         values = loss.detach().to(torch.float64).cpu()
-        for k, last in enumerate(batch.last_epoch):
-            if last:
-                self.losses[k] += values[k] * batch.sizes[k]
-                self.seen[k] += batch.sizes[k]
+        self.losses += torch.where(last, values * sizes, 0.0)
+        self.seen += torch.where(last, sizes, 0)
 
     def stats(self, counts: Sequence[int], steps: Sequence[int]) -> list[TrainStats]:
         return [
-            TrainStats(float(self.losses[k]) / max(self.seen[k], 1), counts[k], steps[k])
+            TrainStats(float(self.losses[k]) / max(int(self.seen[k]), 1), counts[k], steps[k])
             if steps[k]
             else TrainStats(float("nan"), counts[k], 0)
             for k in range(len(counts))
