@@ -929,7 +929,15 @@ class LastEpochLoss:
 
 def step_losses(stack: Stack, objective: Objective, batch: Batch, inputs: Any) -> torch.Tensor:
     """Every client's loss of one step (K,): ``objective`` on the client's model and
-    batch, with the step's dropout masks replayed."""
+    batch, with the step's dropout masks replayed. The default objective's
+    cross-entropy is taken outside the map over the clients, on all their logits at once
+    (the same operations, fewer of them)."""
+    if objective is cross_entropy and stack.size > 1:
+        logits = per_client(
+            _replayed_forward(stack), stack.tensors, batch.x, batch.masks, size=stack.size
+        )
+        losses = F.cross_entropy(logits.flatten(0, 1), batch.y.flatten(), reduction="none")
+        return (losses.view_as(batch.weight) * batch.weight).sum(dim=1) / batch.count
 
     def one(
         tensors: dict[str, torch.Tensor],
@@ -976,6 +984,16 @@ def logits(
     if not outputs:
         return torch.zeros((stack.size, 0, 0))
     return torch.cat(outputs, dim=1)
+
+
+def _replayed_forward(stack: Stack) -> Callable[..., torch.Tensor]:
+    def forward(
+        tensors: dict[str, torch.Tensor], x: torch.Tensor, masks: list[torch.Tensor]
+    ) -> torch.Tensor:
+        with replay(masks):
+            return View(stack.template, tensors)(x)
+
+    return forward
 
 
 def _forward(stack: Stack) -> Callable[..., torch.Tensor]:

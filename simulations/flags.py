@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -107,8 +108,8 @@ def output_parser(
         "--parallel",
         type=int,
         default=None,
-        help="Flower runs at a time (default 1, or 3 with --quick); wall times are only "
-        "comparable between sequential runs",
+        help="runs at a time (default 1, 3 with --quick, and with --engine batched one "
+        "per core); wall times are only comparable between sequential runs",
     )
     return parser
 
@@ -302,10 +303,15 @@ def config_help(key: str, script: bool = False) -> str:
 
 
 def parallelism(args: argparse.Namespace) -> int:
-    """Runs at a time: the --parallel flag, else 3 for --quick and 1 otherwise."""
+    """Runs at a time: the --parallel flag, else 3 for --quick, one per core on the
+    batched engine (each run is one process), and 1 otherwise."""
     if args.parallel is not None:
         return max(1, int(args.parallel))
-    return 3 if args.quick else 1
+    if args.quick:
+        return 3
+    if getattr(args, "key_engine", None) == "batched":
+        return os.cpu_count() or 1
+    return 1
 
 
 def add_in_process_flag(parser: argparse.ArgumentParser) -> None:

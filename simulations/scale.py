@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (engine, n): {
             **settings(n, args.rounds),
             "engine": engine,
+            **({"engine-workers": args.engine_workers} if engine == "batched" else {}),
             "results-dir": str(args.out.expanduser().resolve() / "runs"),
             "run-name": f"{engine}-clients-{n}",
         }
@@ -177,6 +178,13 @@ def _parser() -> Any:
     )
     parser.add_argument("--engines", default=",".join(ENGINES), help="flower, batched or both")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--engine-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="the batched engine's Ray actors (run-config key engine-workers; 0: in the "
+        "run's process; default: one per core)",
+    )
     parser.add_argument(
         "--main-job", action="store_true", help="also time `make run` on each engine"
     )
