@@ -286,3 +286,23 @@ def _fit_reply(learners: Arrays, step: EStep, y: np.ndarray) -> Reply:
         protocol.LOSS: loss,
         mixture.LOG_LIKELIHOOD: float(np.mean(step.log_joint)),
     }
+
+
+# --------------------------------------------------- the family's update functions
+def fit(cohort: Cohort, *, densities: mixture.Densities = mixture.NO_DENSITY) -> list[Reply]:
+    """The family's local update of a cohort: each member's E-step, the M-step of its
+    ``pi_c`` (kept in its ``context.state``), then the responsibility-weighted epochs
+    of its learners; replies the learners, ``gamma_c`` and the densities' statistics."""
+    return Mixture(cohort, densities).fit()
+
+
+def evaluate(cohort: Cohort, *, densities: mixture.Densities = mixture.NO_DENSITY) -> list[Metrics]:
+    """Each member's test figures with its mixture's prediction; unseen members first
+    adapt ``pi`` on their adaptation split."""
+    return Mixture(cohort, densities).evaluate()
+
+
+def initial_arrays(cohort: Cohort) -> Arrays:
+    """The seeded learners, each under its ``learnerM.`` prefix, as every node builds
+    them."""
+    return Mixture(cohort, mixture.NO_DENSITY).initial_arrays()

@@ -36,7 +36,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -211,10 +211,6 @@ class RunRecorder:
             ``rounds.jsonl`` or ``clients.jsonl`` does not lead to the checkpoint; then
             nothing is rewritten.
         """
-        # Imported where used: fedpers.reports builds this module's RoundRecord, so an
-        # import at the top would be circular.
-        from fedpers.reports import read_clients, read_config, read_rounds
-
         if not (self.directory / CONFIG_FILE).is_file():
             raise ResumeError(
                 f"cannot resume {self.directory}: its {CONFIG_FILE} is missing; restore it, "
@@ -343,9 +339,12 @@ class RunRecorder:
             f"{value}{failures}"
         )
 
-    def finish(self, summary: Mapping[str, Any], plots: Iterable[str] = ()) -> dict[str, Any]:
-        """Write ``summary.json`` and one PNG per metric in ``plots``, then release the
-        directory. If a write fails, the failure is recorded (``fail``) and raised."""
+    def finish(
+        self, summary: Mapping[str, Any], plots: Iterable[str] = (), plot: Plot | None = None
+    ) -> dict[str, Any]:
+        """Write ``summary.json`` and one PNG per metric in ``plots`` (drawn by ``plot``,
+        ``fedpers.reports.plot_rounds``), then release the directory. If a write fails,
+        the failure is recorded (``fail``) and raised."""
         self._check_held("finish")
         final = {
             **summary,
@@ -354,10 +353,10 @@ class RunRecorder:
         }
         try:
             _write_json_atomic(self.directory / SUMMARY_FILE, final)
-            from fedpers.reports import plot_rounds  # where used, as in _reopen
-
             for metric in plots:
-                plot_rounds(
+                if plot is None:
+                    raise ValueError("plots to draw need plot (fedpers.reports.plot_rounds)")
+                plot(
                     [(self.name, self.records)],
                     metric,
                     self.directory / f"{metric.replace('.', '_')}.png",
@@ -377,6 +376,8 @@ class RunRecorder:
 
 
 TENSORBOARD_DIR = "tensorboard"
+Plot = Callable[[list[tuple[str, list["RoundRecord"]]], str, Path], None]
+"""Draws ``metric`` of named runs' round records to a PNG (``fedpers.reports.plot_rounds``)."""
 
 
 def open_tensorboard(logdir: Path) -> Any:
@@ -602,3 +603,54 @@ def _clock(seconds: float) -> str:
         if hours
         else f"{rest // 60:02d}:{rest % 60:02d}"
     )
+
+
+# ------------------------------------------------------------------ reading back
+def read_rounds(directory: Path) -> list[RoundRecord]:
+    """The round records of a run directory. A last line cut short (the run was killed
+    while writing it) is dropped with a warning; any other bad line is an error."""
+    lines = [line for line in (directory / ROUNDS_FILE).read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(RoundRecord(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as error:
+            if number < len(lines):
+                raise ValueError(
+                    f"{directory / ROUNDS_FILE}, line {number}, is not a round record "
+                    f"({error}); the file is damaged beyond its last line"
+                ) from error
+            logger.warning("%s: dropped a half-written last line", directory / ROUNDS_FILE)
+    return records
+
+
+def read_clients(directory: Path) -> list[dict[str, Any]]:
+    """The per-client rows of a run (``clients.jsonl``; empty if it has none): one
+    ``{"round": r, "clients": {partition: {metric: value}}}`` per evaluated round. A last
+    line cut short is dropped, as in ``read_rounds``."""
+    path = directory / CLIENTS_FILE
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            rows.append({"round": int(row["round"]), "clients": dict(row["clients"])})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            if number < len(lines):
+                raise ValueError(
+                    f"{path}, line {number}, is not a per-client row ({error})"
+                ) from error
+            logger.warning("%s: dropped a half-written last line", path)
+    return rows
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The resolved run configuration (``config.json``) of a run directory."""
+    return json.loads((directory / CONFIG_FILE).read_text())
+
+
+def read_summary(directory: Path) -> dict[str, Any]:
+    """The ``summary.json`` of a run directory."""
+    return json.loads((directory / SUMMARY_FILE).read_text())

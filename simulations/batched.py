@@ -31,7 +31,7 @@ from typing import Any
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedpers.clients import client_app
-from fedpers.simulations.inprocess import InProcessGrid
+from fedpers.simulations.grid import InProcessGrid
 
 COHORT_SIZE = 1024  # clients of one computation: memory grows with it, speed saturates
 
@@ -208,7 +208,7 @@ class Shard:
         threads: int,
         dtype: str | None,
     ) -> None:
-        from fedpers.simulations.inprocess import set_task_identity
+        from fedpers.simulations.grid import set_task_identity
 
         set_task_identity()
         self.grid = BatchedGrid(

@@ -63,7 +63,7 @@ from fedpers.families.mixture import (
     STATS_COUNT,
     STATS_SECOND,
 )
-from fedpers.simulations.inprocess import InProcessGrid, run_config
+from fedpers.simulations.grid import InProcessGrid, run_config
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
 from fedpers.strategies.rounds import evaluate_step, train_step, well_formed

@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fedpers import flower_waits, records
+from fedpers import flower_waits, records, reports
 from fedpers.atomic import save_npz
 from fedpers.checkpoint import (
     CHECKPOINT_FILE,
@@ -132,7 +132,9 @@ def main(grid: Grid, context: Context) -> None:
             result, final = _run(grid, config, strategy, recorder, checkpoint, started)
         _save_arrays(directory / "final_arrays.npz", result.arrays)
         summary = _summary(config, strategy, recorder, final, started)
-        written = recorder.finish(summary, plots=[config.family.progress_metric])
+        written = recorder.finish(
+            summary, plots=[config.family.progress_metric], plot=reports.plot_rounds
+        )
     except Exception as error:
         recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise

@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord, RecordDict
 from fedpers.cohort import Arrays, Cohort, Member, Metrics
 from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, client_data
-from fedpers.simulations.inprocess import (
+from fedpers.simulations.grid import (
     SERVER_NODE,
     InProcessGrid,
     run_config,

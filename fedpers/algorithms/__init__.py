@@ -31,14 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedpers import families
-from fedpers.families.linear import NAME as LINEAR_FAMILY
+from fedpers.families import LINEAR as LINEAR_FAMILY
+from fedpers.families import RunConfig
 from fedpers.protocol import EPOCHS, MODEL_PARTS
-
-if TYPE_CHECKING:
-    from fedpers.config import RunConfig
 
 ENTRY_POINT_GROUP = "fedpers.extensions"
 

@@ -100,12 +100,16 @@ def _stats_arrays(stats: gmm.Statistics) -> Arrays:
 def fit(cohort: Cohort) -> list[Reply]:
     """The family's update over the M1 x M2 cells; replies the embeddings' statistics
     too."""
-    return mixture.fit(cohort, densities=GAUSSIANS)
+    from fedpers import mixture_update
+
+    return mixture_update.fit(cohort, densities=GAUSSIANS)
 
 
 def evaluate(cohort: Cohort) -> list[Metrics]:
     """The family's evaluation, with the Gaussians' ``p(m1 | x)`` in the prediction."""
-    return mixture.evaluate(cohort, densities=GAUSSIANS)
+    from fedpers import mixture_update
+
+    return mixture_update.evaluate(cohort, densities=GAUSSIANS)
 
 
 # ------------------------------------------------------------ start-up queries

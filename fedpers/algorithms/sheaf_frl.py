@@ -58,11 +58,11 @@ Edge = tuple[np.ndarray, np.ndarray | None]
 def fit(cohort: Cohort) -> list[Reply]:
     """Refit the incident maps, then the round's epochs on the private loss plus
     ``lambda`` times the gluing penalty (with lambda = 0: the private loss alone)."""
-    lam = sheaf_family.settings(cohort.run).sheaf_lambda
-    if lam == 0:
-        return sheaf_family.fit(cohort)
     from fedpers import agents_update
 
+    lam = sheaf_family.settings(cohort.run).sheaf_lambda
+    if lam == 0:
+        return agents_update.fit(cohort)
     local = agents_update.Agents(cohort)
 
     def one(group: list[int], stack: Stack) -> list[Reply]:

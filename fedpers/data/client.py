@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,7 +36,6 @@ from fedpers.data.partition import (
 from fedpers.data.registry import DATASETS
 from fedpers.data.shift import joint_shift, parse_transforms, transform_images
 from fedpers.data.sources import Dataset, cached_index_lists, load_dataset
-from fedpers.families import FamilySpec
 from fedpers.seeding import rng
 
 _G = TypeVar("_G")
@@ -83,7 +82,7 @@ class DataConfig(Protocol):
     @property
     def shift_fraction(self) -> float: ...
     @property
-    def family(self) -> FamilySpec: ...
+    def family(self) -> Any: ...  # its FamilySpec (fedpers.families): its pilot_split
     def group(self, cls: type[_G]) -> _G: ...
 
 

@@ -22,7 +22,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
@@ -30,10 +30,20 @@ from flwr.app import ArrayRecord, MetricRecord
 from fedpers.faults import FaultTargets
 
 if TYPE_CHECKING:
-    from fedpers.config import RunConfig
-    from fedpers.data.client import DataConfig, PilotSplit
     from fedpers.protocol import FinalTestResult
     from fedpers.results import RoundRecord
+
+# A run configuration (``fedpers.config.RunConfig``) and a data configuration
+# (``fedpers.data.client.DataConfig``), as the families' functions receive them: the
+# registry does not import those modules, which import it (the configuration builds its
+# schema from the registered families, the data layer asks a family for its protocol).
+RunConfig = Any
+DataConfig = Any
+PilotSplit = Any
+
+# The family of the runs on the linear tasks, which run a row's linear variant
+# (``AlgorithmSpec.linear``); the algorithm table routes them by this name.
+LINEAR = "linear"
 
 Arrays = dict[str, np.ndarray]
 Metrics = dict[str, float]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from fedpers.config import RunConfig
     from fedpers.data.synthetic import LinearTasks
 
-NAME = "linear"
+NAME = families.LINEAR
 DATASET = "linear"  # the data set of this family's runs (fedpers.data.registry)
 TEST_SAMPLES = 1000  # fresh test samples per client and evaluation
 DISTANCE = "principal-angle-distance"  # the server's metric after every round

@@ -27,12 +27,11 @@ from fedpers.data.mixture import (  # the data set's settings, declared here for
     DATASET,
     MixtureDataSettings,
 )
-from fedpers.families import Arrays, Faults, Metrics, QuerySpec, RunSummary, personalized
+from fedpers.families import Arrays, Faults, QuerySpec, RunSummary, personalized
 from fedpers.faults import FaultTargets
 from fedpers.settings import at_least, setting
 
 if TYPE_CHECKING:
-    from fedpers.cohort import Cohort, Reply
     from fedpers.config import RunConfig
 
 NAME = "mixture"
@@ -191,33 +190,6 @@ NO_DENSITY = Densities(_one_component, _no_density, _no_statistics)
 """FedEM's: one cell per learner, ``log N = 0``, nothing sent but learners and gamma."""
 
 
-# ----------------------------------------------------------------- local update
-def fit(cohort: Cohort, *, densities: Densities = NO_DENSITY) -> list[Reply]:
-    """The family's local update of a cohort: each member's E-step, the M-step of its
-    ``pi_c`` (kept in its ``context.state``), then the responsibility-weighted epochs
-    of its learners; replies the learners, ``gamma_c`` and the densities' statistics
-    (``fedpers.mixture_update.Mixture.fit``)."""
-    from fedpers import mixture_update
-
-    return mixture_update.Mixture(cohort, densities).fit()
-
-
-def evaluate(cohort: Cohort, *, densities: Densities = NO_DENSITY) -> list[Metrics]:
-    """Each member's test figures with its mixture's prediction; unseen members first
-    adapt ``pi`` on their adaptation split."""
-    from fedpers import mixture_update
-
-    return mixture_update.Mixture(cohort, densities).evaluate()
-
-
-def initial_arrays(cohort: Cohort) -> Arrays:
-    """The seeded learners, each under its ``learnerM.`` prefix, as every node builds
-    them."""
-    from fedpers import mixture_update
-
-    return mixture_update.Mixture(cohort, NO_DENSITY).initial_arrays()
-
-
 def summary(done: RunSummary) -> dict[str, object]:
     """The personalized family's summary, and the training log-likelihood per round."""
     result = personalized.summary(done)
@@ -275,6 +247,6 @@ FAMILY = families.register(
             SUMMARY_COUNTS,
             LOG_LIKELIHOOD,
         ),
-        update=__name__,
+        update="fedpers.mixture_update",
     )
 )

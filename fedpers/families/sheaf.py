@@ -36,7 +36,6 @@ from fedpers.settings import ConfigError, at_least, int_list, positive, setting,
 from fedpers.sheaf import AgentSpec, agent_specs, class_overlap_graph, parameter_count
 
 if TYPE_CHECKING:
-    from fedpers.cohort import Cohort, Metrics, Reply
     from fedpers.config import RunConfig
 
 NAME = "sheaf"
@@ -310,42 +309,6 @@ def summary(done: RunSummary) -> dict[str, object]:
 
 
 # ------------------------------------------------------------------- local update
-def fit(cohort: Cohort) -> list[Reply]:
-    """Every agent's epochs on its private loss (the cross-entropy of its whole model,
-    the run's optimizer, ``sheaf-clip``): the non-cooperative baseline's update, and
-    what Sheaf-FMTL and FedMuscle take their own steps after. The model is what the
-    agent keeps in ``context.state`` (its seeded one at first), kept there again; the
-    reply holds no arrays, its samples, its last epoch's loss and a penalty of 0."""
-    from fedpers import agents_update
-
-    return agents_update.fit(cohort)
-
-
-def evaluate(cohort: Cohort) -> list[Metrics]:
-    """Each agent's private accuracy with its own head (weight 1: the paper averages
-    over agents), or, with ``communication = 1``, the accuracy of decoding each
-    neighbour's transported test latents (the whitening the config names)."""
-    from fedpers import agents_update
-
-    return agents_update.evaluate(cohort)
-
-
-def pilots_message(cohort: Cohort) -> list[Reply]:
-    """``query.pilots``: each agent's current pilot latents, whitened by their own
-    statistics (the only thing of Sheaf-FRL's that leaves an agent)."""
-    from fedpers import agents_update
-
-    return agents_update.pilots_message(cohort)
-
-
-def latents_message(cohort: Cohort) -> list[Reply]:
-    """``query.latents``: each agent's whitened pilots and test latents and its test
-    labels, for its neighbours' communication accuracy."""
-    from fedpers import agents_update
-
-    return agents_update.latents_message(cohort)
-
-
 FAMILY = families.register(
     families.FamilySpec(
         name=NAME,
@@ -423,6 +386,6 @@ FAMILY = families.register(
             PROJECTION,
             REPRESENTATIONS,
         ),
-        update=__name__,
+        update="fedpers.agents_update",
     )
 )

@@ -36,7 +36,7 @@ def agent_model(run: RunConfig, partition: int, state: RecordDict | None = None)
 def trained_alone(node: Node, config: ConfigRecord) -> Metrics:
     """The node's epochs of the round on its private loss alone (the family's ``fit``,
     what Sheaf-FMTL and FedMuscle take their own step after)."""
-    metrics: Metrics = sheaf_family.fit(node.cohort({}, config))[0][1]
+    metrics: Metrics = agents_update.fit(node.cohort({}, config))[0][1]
     return metrics
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpers.reports import read_config, read_rounds, read_summary
+from fedpers.reports import plot_rounds, read_config, read_rounds, read_summary
 from fedpers.results import ROUNDS_FILE, ResultsExistError, RoundRecord, RunRecorder, final_mean
 
 
@@ -25,7 +25,7 @@ def test_recorder_writes_config_rounds_summary_and_plot(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path / "run")
     for r, accuracy in enumerate((0.5, 0.7, math.nan), start=1):
         recorder.record(RoundRecord(round=r, seconds=0.1, evaluate={"accuracy": accuracy}))
-    recorder.finish({"final_accuracy": 0.6}, plots=["evaluate.accuracy"])
+    recorder.finish({"final_accuracy": 0.6}, plots=["evaluate.accuracy"], plot=plot_rounds)
     run = tmp_path / "run"
     assert read_config(run) == {"seed": 1}
     lines = (run / "rounds.jsonl").read_text().splitlines()

@@ -102,7 +102,7 @@ def test_a_run_is_a_simulation_by_its_grid_not_by_what_the_process_imported() ->
     from flwr.superlink.grid.http_grid import HttpGrid
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    from fedpers.simulations.inprocess import InProcessGrid
+    from fedpers.simulations.grid import InProcessGrid
     from fedpers.strategies import server_app
 
     check = (
