@@ -71,6 +71,7 @@ SHEAF = {
     "batch-size": 32,
     "momentum": 0.9,
     "final-rounds": 1,
+    "sheaf-pilot-batch": 16,  # FedMuscle's loss grows as the batch to the power of agents
 }
 LINEAR = {"dataset": "linear", "num-clients": 12, "fraction-train": 0.5}
 VARIANT = "-linear"  # "<row>-linear": a deep row's linear variant, on the linear data
