@@ -113,10 +113,13 @@ class BatchedGrid(InProcessGrid):
         return list(self.nodes)
 
     def close(self) -> None:
-        """Stop the shards' actors (nothing to do in process)."""
+        """Stop the shards' actors (nothing to do in process), keeping their nodes'
+        contexts here (``contexts``: every node's state at the end, as in process)."""
         if self.shards:
             import ray
 
+            for held in ray.get([shard.contexts.remote() for shard in self.shards]):
+                self.contexts.update(held)
             for shard in self.shards:
                 ray.kill(shard)
             self.shards = []
@@ -224,6 +227,10 @@ class Shard:
         """The replies to ``messages`` (each addressed to a node of this shard)."""
         return self.grid.pull_messages(self.grid.push_messages(messages))
 
+    def contexts(self) -> dict[int, Context]:
+        """This shard's nodes' contexts, by node id."""
+        return self.grid.contexts
+
 
 def start_shards(
     run_config: Mapping[str, Any],
@@ -249,6 +256,8 @@ def start_shards(
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if not address:
             options["_temp_dir"] = str(ray_directory(work_directory()).resolve())
+        if not address or address.startswith("127."):
+            _on_loopback()
         ray.init(address=address, logging_level=logging.ERROR, **options)
     cores = threads or max(1, (os.cpu_count() or 1) // workers)
     gpus = 1 if str(run_config.get("device", "auto")) != "cpu" and _gpus() >= workers else 0
@@ -270,3 +279,15 @@ def _gpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("GPU", 0))
+
+
+def _on_loopback() -> None:
+    """One machine: this driver's Ray stays on loopback. On Linux Ray resolves
+    ``127.0.0.1`` to the host's outward address, where a head started on loopback (the
+    tests', ``simulations.launch``'s) does not listen; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    = 0`` keeps it, but Ray reads it when it is imported, which Flower may have done
+    already: its constant is set too."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

@@ -1,0 +1,163 @@
+"""Everything a run does holds on the batched engine: screening and the invariants under
+faults and a robust aggregation, client-level DP, an exact resume, the results files;
+a run that asks for it elsewhere is refused; its Ray shards give what one process gives.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import Context, MessageType, RecordDict
+
+from fedpers import protocol
+from fedpers.config import ConfigError
+from fedpers.reports import read_rounds, read_summary
+from fedpers.simulations import equality
+from fedpers.simulations.batched import BatchedGrid
+from fedpers.simulations.inprocess import InProcessSimulation
+from fedpers.strategies import server_app
+from fedpers.strategies.rounds import RoundFailedError
+from tests.helpers import InProcessGrid, run_config
+
+BASE = {
+    "dataset": "digits",
+    "num-clients": 10,
+    "fraction-train": 0.6,
+    "num-rounds": 3,
+    "epochs": 1,
+    "head-epochs": 1,
+}
+
+
+def _serve(directory: Path, grid: Any, values: dict[str, Any]) -> Path:
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values)
+    server_app.main(grid, context)
+    return directory / str(values["run-name"])
+
+
+def _untimed(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if not k.endswith(("seconds", "_unix"))}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"fault-injection": "raise:1@2,sign-flip=5:3,nan:4@1", "aggregation": "trimmed-mean"},
+        {"fault-injection": "huge:2,drop:5@2,inflate:6", "aggregation": "median"},
+        {"algorithm": "scaffold", "fault-injection": "sign-flip=3:0-1,noise=10:2"},
+        {"algorithm": "fedgmm", "dataset": "mixture", "fault-injection": "raise:2@2,non-psd:3"},
+    ],
+    ids=["trimmed-mean", "median", "scaffold", "fedgmm"],
+)
+def test_faults_are_screened_on_the_batched_engine_as_client_by_client(
+    tmp_path: Path, overrides: dict[str, Any]
+) -> None:
+    """The same rejections, notes and failures every round, and the same figures to
+    1e-5 (float64), whether the round's clients train as one cohort or one by one."""
+    run = {**BASE, "algorithm": "fedrep", **overrides, "run-name": "x"}
+    alone = equality.outcome(run, tmp_path / "alone", cohort_size=1, dtype="float64")
+    together = equality.outcome(run, tmp_path / "together", dtype="float64")
+    for a, b in zip(alone["rounds"], together["rounds"], strict=True):
+        assert a["rejections"] == b["rejections"]
+        assert (a["failures"], a["replies"]) == (b["failures"], b["replies"])
+    assert any(record["rejections"] for record in alone["rounds"])  # faults were injected
+    assert equality.difference(alone, together) < equality.TOLERANCE
+
+
+@pytest.mark.parametrize("dp", ["central", "distributed"])
+def test_client_level_dp_runs_on_the_batched_engine_with_the_same_accounting(
+    tmp_path: Path, dp: str
+) -> None:
+    """Each member's update clipped (and, distributed, noised) by its own mechanism; the
+    releases and epsilon counted as client by client (the noise is secret, so the
+    models differ run to run, the accounting does not)."""
+    run = {
+        **BASE,
+        "algorithm": "fedavg",
+        "dp": dp,
+        "dp-noise-multiplier": 1.0,
+        "dp-sampling": "without-replacement",
+        "dp-delta": 1e-3,
+        "run-name": "x",
+    }
+    batched = InProcessSimulation().run(
+        {**run, "engine": "batched", "results-dir": str(tmp_path / "b")}
+    )
+    one_by_one = InProcessSimulation().run({**run, "results-dir": str(tmp_path / "a")})
+    for a, b in zip(read_rounds(one_by_one), read_rounds(batched), strict=True):
+        assert a.server["dp.epsilon"] == b.server["dp.epsilon"]
+        assert a.server["dp.releases"] == b.server["dp.releases"]
+    assert math.isfinite(read_summary(batched)["final_accuracy"])
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "scaffold", "fedgmm", "sheaf-frl"])
+def test_a_resumed_batched_run_equals_the_uninterrupted_one(tmp_path: Path, algorithm: str) -> None:
+    """Killed in round 3 (every node fails there), resumed on fresh nodes: every round's
+    record and the summary as in the straight run, on the batched engine."""
+    state = {
+        **BASE,
+        "algorithm": algorithm,
+        "num-rounds": 4,
+        "client-state-dir": str(tmp_path / "s"),
+        "engine": "batched",
+    }
+    if algorithm == "fedgmm":
+        state["dataset"] = "mixture"
+    straight = InProcessSimulation().run(
+        {**state, "results-dir": str(tmp_path / "a"), "run-name": "run"}
+    )
+    values = run_config(
+        **{k.replace("-", "_"): v for k, v in state.items()},
+        results_dir=str(tmp_path),
+        run_name="run",
+    )
+
+    def killed(node: int, message: Any) -> str | None:
+        config = message.content.config_records.get(protocol.CONFIG)
+        late = config is not None and int(config.get(protocol.ROUND, 0)) >= 3
+        return "killed" if message.metadata.message_type == MessageType.TRAIN and late else None
+
+    with pytest.raises(RoundFailedError):
+        _serve(tmp_path, BatchedGrid(values, 10, fail=killed), values)
+    resumed = _serve(tmp_path, BatchedGrid(values, 10), {**values, "resume": True})
+    for a, b in zip(read_rounds(straight), read_rounds(resumed), strict=True):
+        assert _untimed(asdict(a)) == _untimed(asdict(b))
+    assert _untimed(read_summary(straight)) == _untimed(read_summary(resumed))
+
+
+def test_a_run_that_asks_for_the_batched_engine_elsewhere_is_refused(tmp_path: Path) -> None:
+    """On another grid (Flower's, a deployment's) ``engine = "batched"`` stops the
+    ServerApp before it writes anything, naming the key and the fix."""
+    values = run_config(
+        **{k.replace("-", "_"): v for k, v in BASE.items()},
+        engine="batched",
+        results_dir=str(tmp_path),
+        run_name="x",
+    )
+    grid = InProcessGrid(lambda m, c: m, values, 10)
+    with pytest.raises(ConfigError, match="engine = 'flower' there"):
+        _serve(tmp_path, grid, values)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.flower
+def test_ray_shards_give_what_one_process_gives(
+    tmp_path: Path, ray_head: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Ray actors holding half the nodes each (on the session's Ray head) against
+    every node in this process: every figure to 1e-9 (float64; the cohorts differ, so
+    the sums are reassociated)."""
+    for key, value in ray_head.driver_environment().items():
+        monkeypatch.setenv(key, value)
+    run = {**BASE, "algorithm": "fedrep", "run-name": "x"}
+    one = equality.outcome(run, tmp_path / "one", dtype="float64")
+    sharded = equality.outcome(run, tmp_path / "two", dtype="float64", workers=2)
+    assert equality.difference(one, sharded) < 1e-9
+    assert json.dumps(one["rounds"][-1]["rejections"]) == json.dumps(
+        sharded["rounds"][-1]["rejections"]
+    )
