@@ -1,6 +1,7 @@
-"""The client-side training loop on a GPU against the CPU: same models, same data.
+"""The client-side training loop on a GPU against the CPU: same models, same data; one
+client at a time, and whole cohorts (the batched engine).
 
-    python -m simulations.gpu_check [--out result.json]
+    python -m simulations.gpu_check [--out result.json] [--clients 1000]
 
 What a client does on a machine with CUDA (``device = "auto"`` picks it): fedpers'
 training loop and evaluation, FedRep's two phases (head, then body, the other part
@@ -12,6 +13,15 @@ non-determinism of GPU kernels), and whether the frozen part stayed bit-identica
 the GPU too. Only fedpers and torch are needed (no Flower), so it runs on a bare GPU
 machine; the simulation runs the same code inside each ClientApp, and several ClientApps
 share one GPU with ``--federation-config "client-resources-num-gpus=0.25"``.
+
+Then the batched engine's workload (``cohort_round``): one round of FedRep's local
+update for ``--clients`` MNIST-1D clients of the scale benchmark (``simulations.scale``:
+100 samples each, 5 head epochs and 1 body epoch, batch 10), as cohorts of up to 1,000
+on each device, against the same clients one at a time on the GPU (a sample of 20,
+scaled up): seconds a round, and the largest difference between the devices' trained
+bodies. On a machine with a GPU, ``python -m simulations.scale --engines batched
+--batched-sizes 100000`` with ``--run-config "device='cuda'"`` gives the scale table at
+10,000 clients a round.
 """
 
 from __future__ import annotations
@@ -83,10 +93,67 @@ def fedrep_update(
     }
 
 
+def cohort_round(device: torch.device, clients: int, *, cohort_size: int = 1000) -> dict[str, Any]:
+    """One round of FedRep's local update of ``clients`` clients on ``device``, as
+    cohorts of up to ``cohort_size`` (``families.personalized.fit``): its seconds and
+    the bodies it returns."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fedpers.cohort import Cohort, Member
+    from fedpers.config import load_run_config
+    from fedpers.data.client import clients_data
+    from fedpers.families import personalized
+    from fedpers.seeding import int_seed
+    from fedpers.simulations.scale import settings
+
+    run = load_run_config({**settings(clients, 4), "device": device.type, "results-dir": "."})
+    model = build_model(
+        run.model_name, run.num_classes, int_seed(run.seed, "model"), run.input_shape
+    )
+    body = part_arrays(model, ("body",))
+    config = ConfigRecord({"server-round": 1, "epochs": 1, "head-epochs": 5, "lr": run.lr})
+    partitions = list(range(clients))
+    clients_data(run, partitions)  # the data first: the round times the training alone
+    replies = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for start in range(0, clients, cohort_size):
+        members = [
+            Member(p, RecordDict(), dict(body)) for p in partitions[start : start + cohort_size]
+        ]
+        replies += personalized.fit(Cohort(run, config, members))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - started, "bodies": [r[0] for r in replies]}
+
+
+def cohorts(devices: list[torch.device], clients: int) -> dict[str, Any]:
+    """The batched engine's round on each device, and the GPU one client at a time."""
+    found: dict[str, Any] = {}
+    bodies = {}
+    for device in devices:
+        cohort_round(device, 20)  # warm up
+        measured = cohort_round(device, clients)
+        bodies[device.type] = measured.pop("bodies")
+        found[f"{device.type} cohorts"] = measured
+        if device.type == "cuda":
+            sample = cohort_round(device, 20, cohort_size=1)
+            found["cuda one client at a time"] = {"seconds": sample["seconds"] * clients / 20}
+    if len(bodies) > 1:
+        found["largest body difference"] = max(
+            float(np.max(np.abs(a[k] - b[k])))
+            for a, b in zip(bodies["cpu"], bodies["cuda"], strict=True)
+            for k in a
+        )
+    return found
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run both workloads on the CPU and, when visible, the GPU."""
+    """Run both workloads on the CPU and, when visible, the GPU; then the cohorts."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--clients", type=int, default=1000, help="clients of the cohort round")
     args = parser.parse_args(argv)
     devices = [torch.device("cpu")]
     if resolve_device("auto").type == "cuda":
@@ -122,6 +189,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )  # warm up
             result["workloads"][name][device.type] = fedrep_update(name, x, y, device, **options)
         print(name, json.dumps(result["workloads"][name]), flush=True)
+    result["cohorts"] = cohorts(devices, args.clients)
+    print("cohorts", json.dumps(result["cohorts"]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return result
