@@ -42,7 +42,7 @@ from fedpers.settings import at_least, setting
 if TYPE_CHECKING:
     import torch
 
-    from fedpers.cohort import Cohort, Metrics, Reply
+    from fedpers.cohort import Cohort, Reply
     from fedpers.training import Objective, View
 
 # The number m of tasks (personal models) sampled this round, in the training message's
@@ -122,13 +122,7 @@ def fit(cohort: Cohort) -> list[Reply]:
     return replies
 
 
-def evaluate(cohort: Cohort) -> list[Metrics]:
-    """Each member's test figures with its personal model ``w_i`` (the server sends
-    nothing)."""
-    from fedpers import training, update
-
-    local = update.Personalized(cohort)
-    return [update.test_metrics(s) for s in training.evaluate(local.kept(), local.test_data())]
+evaluate = personalized.evaluate_kept  # tested with its w_i
 
 
 ROWS = (

@@ -147,6 +147,16 @@ def evaluate(cohort: Cohort) -> list[Metrics]:
     return local.evaluate(local.models())
 
 
+def evaluate_kept(cohort: Cohort) -> list[Metrics]:
+    """Each member's test figures with the whole personal model it keeps (Ditto's
+    ``v``, L2GD's ``x_i``, Fed-MTL's ``w_i``, pFedMe's ``theta``; the seeded initial
+    model before its first round): the ``evaluate`` of the rows that test it."""
+    from fedpers import training, update
+
+    local = update.Personalized(cohort)
+    return [update.test_metrics(s) for s in training.evaluate(local.kept(), local.test_data())]
+
+
 def initial_arrays(cohort: Cohort) -> Arrays:
     """The seeded initial values of the row's shared parts (the server's round-0
     model), as every node builds them."""
