@@ -254,6 +254,13 @@ class Stack:
     def has_dropout(self) -> bool:
         return any(isinstance(m, ReplayDropout) and m.p > 0 for m in self.template.modules())
 
+    @property
+    def has_batch_statistics(self) -> bool:
+        """Whether a training step normalizes by its batch's statistics (BatchNorm):
+        then a client's padded rows would enter them, so a cohort trains one client at a
+        time (``train``)."""
+        return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.template.modules())
+
 
 class View:
     """One client's model inside a cohort computation: called as the model, or one of
@@ -839,6 +846,8 @@ def train(
     names = stack.names(parts)
     if not names or epochs == 0:
         return [TrainStats(float("nan"), n, 0) for n in data.counts]
+    if stack.size > 1 and stack.has_batch_statistics:
+        return _one_at_a_time(stack, data, generators, sample_weights, inputs, correction, locals())
     seeds = [dropout_seed(g) if n else None for g, n in zip(generators, data.counts, strict=True)]
     plan = Plan.draw(
         data.counts, epochs, settings.batch_size, generators, augment=augment, extra=extra
@@ -858,6 +867,53 @@ def train(
     finally:
         descent.release()
     return record.stats(data.counts, [plan.steps(k) for k in range(stack.size)])
+
+
+def _one_at_a_time(
+    stack: Stack,
+    data: CohortData,
+    generators: Sequence[torch.Generator],
+    sample_weights: torch.Tensor | None,
+    inputs: Any,
+    correction: Mapping[str, torch.Tensor] | None,
+    options: Mapping[str, Any],
+) -> list[TrainStats]:
+    """``train`` for each client of ``stack`` alone (a model with batch statistics),
+    written back into the stack; ``options`` are the call's other arguments."""
+    keep = (
+        "parts",
+        "epochs",
+        "settings",
+        "objective",
+        "augment",
+        "extra",
+        "max_grad_norm",
+        "clip_groups",
+    )
+    stats = []
+    for k in range(stack.size):
+        own = stack.select(torch.tensor([k]))
+        mine = CohortData(
+            data.x[k : k + 1, : data.counts[k]],
+            data.y[k : k + 1, : data.counts[k]],
+            [data.counts[k]],
+        )
+        stats += train(
+            own,
+            mine,
+            generators=[generators[k]],
+            sample_weights=None
+            if sample_weights is None
+            else sample_weights[k : k + 1, : data.counts[k]],
+            inputs=None if inputs is None else pytree.tree_map(lambda t, k=k: t[k : k + 1], inputs),
+            correction=None
+            if correction is None
+            else {n: c[k : k + 1] for n, c in correction.items()},
+            **{name: options[name] for name in keep},
+        )
+        for name, tensor in own.tensors.items():
+            stack.tensors[name][k] = tensor[0]
+    return stats
 
 
 class Descent:

@@ -414,3 +414,27 @@ def test_training_does_not_import_torch_dynamo() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_cohort_of_batchnorm_models_trains_each_client_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BatchNorm normalizes by the batch: padded rows must not enter its statistics, so a
+    cohort of such models trains client by client; the result (parameters and running
+    statistics) is each client's alone, float64 to 1e-12. Trained as one cohort, the
+    padding shifts them (the control)."""
+    torch.manual_seed(3)
+    body = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU())
+    model = SplitModel(body, nn.Linear(16, 3))
+    counts = (14, 7, 0, 18)  # no batch of one: BatchNorm refuses it, alone as in a cohort
+    starts, xs, ys = _cohort(model, counts, (6,))
+    seeds = [100 + k for k in range(len(counts))]
+    together = _train_clients(model, starts, xs, ys, seeds)
+    alone = [
+        _train_clients(model, [starts[k]], [xs[k]], [ys[k]], [seeds[k]]) for k in range(len(counts))
+    ]
+    assert _largest_difference(together, alone) < 1e-12
+    assert Stack.of(model, starts).has_batch_statistics
+    monkeypatch.setattr(Stack, "has_batch_statistics", property(lambda self: False))
+    padded = _train_clients(model, starts, xs, ys, seeds)
+    assert _largest_difference(padded, alone) > 1e-6
