@@ -18,8 +18,9 @@ its members' states is written at its end (``Agents.commit``): an update that ra
 for a cohort leaves every member as it was, for ``clients.client_app`` to run each one
 alone.
 
-``fedpers.families.sheaf`` and the rows' modules import this module inside their update
-functions, so the server never imports torch.
+The sheaf family names this module as its update (``FamilySpec.update``) and the rows'
+modules import it inside their update functions: the ClientApp imports it on the
+device, so the server never imports torch.
 """
 
 from __future__ import annotations

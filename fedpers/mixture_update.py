@@ -7,8 +7,9 @@ trained on its client's samples weighted by that learner's responsibilities, fro
 own generator (``train``, the round, ``m``: the seeds a client alone used). The E-step
 needs every learner's log-probabilities on its client's samples: one batched forward
 (``training.logits``), then the numpy E-step (``fedpers.gmm``) client by client, as a
-client alone computes it. ``fedpers.families.mixture`` imports this module inside its
-update functions, so the server never imports torch.
+client alone computes it. The family names this module as its update
+(``FamilySpec.update``): the ClientApp imports it on the device, so the server never
+imports torch.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ What keeps a client's result its own, whatever cohort it trains in:
 With K = 1 every function below does the operations a loop over that one client does
 (no padding, no vmap: ``per_client`` calls the client's function directly), so a
 device's update is the same bits as the loop fedpers ran before cohorts
-(tests/fedpers/test_training.py keeps that loop as its oracle). With K > 1 the model is
-mapped over the clients with ``torch.func.vmap``, and results agree with K = 1 up to
-floating-point reassociation (the cohort tests compare them to 1e-5 in float64).
+(tests/fedpers/reference_loop.py keeps that loop as the oracle of
+tests/fedpers/test_training.py). With K > 1 the model is mapped over the clients with
+``torch.func.vmap``, and results agree with K = 1 up to floating-point reassociation
+(the cohort tests compare them to 1e-10, relative, in float64).
 
 Parts that are not trainable are truly frozen: autograd computes no gradient for them
 and the optimizer never sees them, so neither momentum nor weight decay can move them.

@@ -32,8 +32,9 @@ from fedpers.strategies import server_app
 
 class InProcessSimulation:
     """``LocalSimulation``'s interface, each run in this process: the ServerApp's
-    ``main`` on an ``InProcessGrid`` of real ClientApps, one node per virtual node, with
-    the run config that ``flwr run`` would pass. No SuperLink, no Ray, no start-up.
+    ``main`` on an ``InProcessGrid`` of real ClientApps (a ``BatchedGrid`` for a run
+    with ``engine = "batched"``), one node per virtual node, with the run config that
+    ``flwr run`` would pass. No SuperLink, no Ray, no start-up.
 
     A run ends as under Flower: with its results directory, or with ``FlowerRunError``
     and the reason its ``failure.json`` gives. ``runs`` lists the run names, in order.

@@ -207,7 +207,7 @@ def test_the_family_import_check_finds_them() -> None:
         "from fedpers.families import mixture as m\n"
         "from fedpers.families.sheaf import NAME\n"
         "import fedpers.gmm\n"
-        "from fedpers.clients.common import Arrays\n"
+        "from fedpers.cohort import Cohort\n"
         "from fedpers.families import FamilySpec\n"
     )
     assert family_imports(source) == [

@@ -10,7 +10,7 @@ It replies with the learners and ``gamma_c = sum_i q_i``; the server
 ``sum_m p(m | x) softmax(f_m(x))``. An unseen client first adapts ``pi`` on its
 adaptation split.
 
-The update is the mixture family's (``fedpers.families.mixture``: ``fit``,
+The update is the mixture family's (``fedpers.mixture_update``: ``fit``,
 ``evaluate``, ``initial_arrays``) with no density on ``x`` (one cell per learner,
 ``log N = 0``); FedGMM (``fedpers.algorithms.fedgmm``) adds Gaussian components over an
 embedding of ``x``.

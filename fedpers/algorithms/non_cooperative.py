@@ -2,7 +2,7 @@
 (lambda = 0), exchanging nothing while training, aligned only after training.
 
 Every agent trains its whole model on its private loss (the sheaf family's ``fit``,
-``fedpers.families.sheaf``); after the last round the agents are aligned on the pilots
+``fedpers.agents_update``); after the last round the agents are aligned on the pilots
 and their communication accuracy measured (``strategies/peer_relay.py``'s
 ``NonCooperative``), whitened on their training latents (the paper's) and on the pilots
 (Sheaf-FRL's).

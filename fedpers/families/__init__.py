@@ -7,7 +7,8 @@ summary. ``fedpers.config`` builds the schema from the registered groups,
 ``clients/client_app.py`` registers every family's query handlers, and
 ``strategies/server_app.py`` asks the run's family for its progress metric, its
 server-side evaluation and its summary. A new family is a module that calls
-``register``, its strategy, its client and its row; it touches no shared file.
+``register``, its update module (the local update of a cohort, on the device), its
+strategy and its rows; it touches no shared file.
 
 The built-in families are the modules of this package (``personalized``, ``linear``,
 ``mixture``, ``sheaf``), registered on first use; installed extensions register theirs

@@ -6,10 +6,11 @@ keeps its mixture weights pi on the device (``strategies/fedem.py``,
 ``strategies/fedgmm.py``, the rows ``fedpers/algorithms/fedem.py`` and
 ``fedpers/algorithms/fedgmm.py``; the math is ``fedpers.gmm``). This module holds the
 family's settings and enums, its wire names, FedGMM's three start-up queries, the
-summary and the family's local update of a cohort (``fit``, ``evaluate``,
-``initial_arrays``; the torch side is ``fedpers.mixture_update``), which a row
-specializes by the densities it models on the inputs (``Densities``: FedEM none,
-FedGMM Gaussians over an embedding). The synthetic mixtures of FedGMM's Section 4.1
+summary, and the densities a row models on the inputs (``Densities``: FedEM none,
+FedGMM Gaussians over an embedding); it never imports torch. The family's local update
+of a cohort (``fit``, ``evaluate``, ``initial_arrays``) is ``fedpers.mixture_update``,
+which the family names as its update module (``FamilySpec.update``) and a row
+specializes by its ``Densities``. The synthetic mixtures of FedGMM's Section 4.1
 (the data set ``mixture``) are the family's data set; every algorithm may run on them.
 """
 

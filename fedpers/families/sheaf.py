@@ -6,11 +6,12 @@ its whole model on the device and aligns its latent space with its neighbours' t
 restriction maps learned from shared pilot samples. The server only relays pilots
 between neighbours (``strategies/peer_relay.py``; the math is ``fedpers.sheaf``). This
 module holds the family's settings, its checks, the agents and the graph of a run, its
-wire names, the relay queries, the communication test's result, the summary, and the
-family's local update: what every agent does, whatever its row (``fit``: its whole
-model, kept in ``context.state``, trained on its private loss; ``evaluate``: its private
-accuracy, or its neighbours' latents decoded; the pilot and latent exchanges). Its
-torch side is ``fedpers.agents_update``, imported inside those functions; each row's
+wire names, the relay queries, the communication test's result and the summary; it
+never imports torch. The family's local update, what every agent does whatever its row
+(``fit``: its whole model, kept in ``context.state``, trained on its private loss;
+``evaluate``: its private accuracy, or its neighbours' latents decoded; the pilot and
+latent exchanges), is ``fedpers.agents_update``, which the family names as its update
+module (``FamilySpec.update``) and the ClientApp imports on the device; each row's
 module (``fedpers.algorithms.sheaf_frl``, ``fedproto``, ``sheaf_fmtl``, ``fedmuscle``,
 ``comfed``, ``non_cooperative``) holds what its agents do differently.
 """
