@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -57,6 +56,8 @@ class BatchedGrid(InProcessGrid):
         The partitions whose nodes this grid holds (a shard's); default all.
     fail : callable, optional
         As ``InProcessGrid``'s: ``(node, message) -> reason``.
+    keep_sent : bool (default: True)
+        As ``InProcessGrid``'s.
     """
 
     engine = "batched"  # the ServerApp checks that a run asking for it runs on it
@@ -72,8 +73,9 @@ class BatchedGrid(InProcessGrid):
         workers: int = 0,
         partitions: Sequence[int] | None = None,
         fail: Callable[[int, Message], str | None] | None = None,
+        keep_sent: bool = True,
     ) -> None:
-        super().__init__(client_app.app, run_config, 0, fail=fail)
+        super().__init__(client_app.app, run_config, 0, fail=fail, keep_sent=keep_sent)
         if cohort_size < 1:
             raise ValueError(f"cohort_size {cohort_size}: at least 1")
         self.cohort_size = cohort_size
@@ -127,29 +129,36 @@ class BatchedGrid(InProcessGrid):
                 ray.shutdown()  # the Ray this grid started on this machine
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        """Run the messages now, TRAIN and EVALUATE as cohorts; replies wait for
-        ``pull_messages``."""
-        if self.shards:
-            return self._push_to_shards(list(messages))
+        """Run the messages now, TRAIN and EVALUATE as cohorts (on the shards, if any);
+        replies wait for ``pull_messages``. ``fail`` and ``sent`` work as for
+        ``InProcessGrid``, whether the nodes are here or on shards."""
         ids = []
-        cohorts: dict[str, list[Message]] = {MessageType.TRAIN: [], MessageType.EVALUATE: []}
-        single = []
+        live = []
         for message in messages:
-            if not message.metadata.message_id:
-                message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self.sent.append(message)
+            reason = self.admit(message)
             ids.append(message.metadata.message_id)
-            reason = self.fail(message.metadata.dst_node_id, message) if self.fail else None
             if reason == self.DROP:
                 continue
             if reason is not None:
                 self.pending[message.metadata.message_id] = _error(message, reason)
-            elif message.metadata.message_type in cohorts:
+            else:
+                live.append(message)
+        if self.shards:
+            self._run_on_shards(live)
+        else:
+            self.run(live)
+        return ids
+
+    def run(self, messages: list[Message]) -> None:
+        """Run ``messages`` (each to a node held here), TRAIN and EVALUATE as cohorts of
+        at most ``cohort_size``, any other alone; each reply waits in ``pending`` under
+        its message's id."""
+        cohorts: dict[str, list[Message]] = {MessageType.TRAIN: [], MessageType.EVALUATE: []}
+        for message in messages:
+            if message.metadata.message_type in cohorts:
                 cohorts[message.metadata.message_type].append(message)
             else:
-                single.append(message)
-        for message in single:
-            self._reply_alone(message)
+                self._reply_alone(message)
         handlers = {
             MessageType.TRAIN: client_app.train_cohort,
             MessageType.EVALUATE: client_app.evaluate_cohort,
@@ -162,18 +171,15 @@ class BatchedGrid(InProcessGrid):
                 for message, result in zip(chunk, results, strict=True):
                     reply = result if isinstance(result, Message) else _error(message, repr(result))
                     self.pending[message.metadata.message_id] = reply
-        return ids
 
-    def _push_to_shards(self, messages: list[Message]) -> list[str]:
+    def _run_on_shards(self, messages: list[Message]) -> None:
         """Every shard's messages to its actor at once; their replies wait here."""
         import ray
 
         by_shard: list[list[Message]] = [[] for _ in self.shards]
         for message in messages:
-            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             partition = self.partition_of[message.metadata.dst_node_id]
             by_shard[partition % len(self.shards)].append(message)
-
         calls = [
             shard.handle.remote(batch)
             for shard, batch in zip(self.shards, by_shard, strict=True)
@@ -182,7 +188,6 @@ class BatchedGrid(InProcessGrid):
         for replies in ray.get(calls):
             for reply in replies:
                 self.pending[reply.metadata.reply_to_message_id] = reply
-        return [m.metadata.message_id for m in messages]
 
     def _reply_alone(self, message: Message) -> None:
 
@@ -221,11 +226,14 @@ class Shard:
             threads=threads,
             dtype=dtype,
             partitions=partitions,
+            keep_sent=False,
         )
 
     def handle(self, messages: list[Message]) -> list[Message]:
-        """The replies to ``messages`` (each addressed to a node of this shard)."""
-        return self.grid.pull_messages(self.grid.push_messages(messages))
+        """The replies to ``messages`` (each addressed to a node of this shard, its id
+        given by the driver's grid, which also applied its ``fail``)."""
+        self.grid.run(messages)
+        return self.grid.pull_messages([m.metadata.message_id for m in messages])
 
     def contexts(self) -> dict[int, Context]:
         """This shard's nodes' contexts, by node id."""

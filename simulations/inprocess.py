@@ -88,11 +88,12 @@ class InProcessSimulation:
                 "cohort_size": config.cohort_size,
                 "threads": config.engine_threads or self.threads,
                 "workers": config.engine_workers,
+                "keep_sent": False,
                 **(self.batched or {}),
             }
             grid: InProcessGrid = BatchedGrid(values, nodes, **options)
         else:
-            grid = InProcessGrid(client_app, values, nodes)
+            grid = InProcessGrid(client_app, values, nodes, keep_sent=False)
         self.grid = grid
         context = Context(
             run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values

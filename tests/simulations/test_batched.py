@@ -161,3 +161,36 @@ def test_ray_shards_give_what_one_process_gives(
     assert json.dumps(one["rounds"][-1]["rejections"]) == json.dumps(
         sharded["rounds"][-1]["rejections"]
     )
+
+
+@pytest.mark.flower
+def test_ray_shards_answer_for_the_nodes_a_grid_fails(
+    tmp_path: Path, ray_head: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grid's ``fail`` hook holds on its Ray shards as in one process: the node it
+    fails answers every TRAIN with that error, the round records count it, and every
+    message pushed is kept in ``sent``. (The shards once ran every message they were
+    given, the failing node's too.)"""
+    for key, value in ray_head.driver_environment().items():
+        monkeypatch.setenv(key, value)
+    base = {k.replace("-", "_"): v for k, v in {**BASE, "fraction-train": 1.0}.items()}
+    values = run_config(**base, algorithm="fedrep", engine="batched", results_dir=str(tmp_path))
+    records = {}
+    for workers in (0, 2):
+        grid = BatchedGrid(values, 10, workers=workers, fail=None)
+        failing = grid.node_of(4)
+        grid.fail = lambda node, m, failing=failing: (
+            "killed" if node == failing and m.metadata.message_type == MessageType.TRAIN else None
+        )
+        try:
+            run = {**values, "run-name": f"w{workers}"}
+            records[workers] = read_rounds(_serve(tmp_path, grid, run))
+        finally:
+            grid.close()
+        trains = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+        assert len(trains) == 10 * len(records[workers])
+    for alone, sharded in zip(records[0], records[2], strict=True):
+        assert (alone.failures, alone.replies) == (sharded.failures, sharded.replies) == (1, 9)
+        assert alone.evaluate.keys() == sharded.evaluate.keys()
+        for key, value in alone.evaluate.items():
+            assert value == pytest.approx(sharded.evaluate[key], abs=1e-5)
