@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -30,6 +30,7 @@ from fedpers.families import RunSummary
 from fedpers.logs import route_to_flower
 from fedpers.protocol import FinalTestResult
 from fedpers.results import (
+    SUMMARY_FILE,
     RoundRecord,
     RunRecorder,
     final_mean,
@@ -138,7 +139,21 @@ def main(grid: Grid, context: Context) -> None:
     except Exception as error:
         recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise
-    logger.info("summary: %s", written)
+    logger.info("summary: %s", _loggable(written, directory))
+
+
+def _loggable(summary: dict[str, Any], directory: Path, most: int = 20) -> dict[str, Any]:
+    """``summary`` for the log: a mapping of more than ``most`` entries (a per-client
+    figure of 10,000 clients is a line of 150 kB) is named by its size and the file that
+    holds it."""
+    return {
+        key: (
+            f"<{len(value)} entries: {directory / SUMMARY_FILE}>"
+            if isinstance(value, dict) and len(value) > most
+            else value
+        )
+        for key, value in summary.items()
+    }
 
 
 def _checkpoint_to_resume(config: RunConfig, directory: Path) -> Checkpoint | None:

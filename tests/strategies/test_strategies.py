@@ -311,3 +311,20 @@ def test_round_bytes_are_what_the_messages_carry() -> None:
         + m.content[protocol.CONFIG].count_bytes()
         for m in train_messages
     )
+
+
+def test_the_logged_summary_names_a_long_per_client_mapping_by_its_size() -> None:
+    """The summary's log line stays short at 10,000 clients: a mapping of more than 20
+    entries is named by its size and the file that holds it; the rest is as written."""
+    from pathlib import Path
+
+    from fedpers.strategies.server_app import _loggable
+
+    clients = {str(c): c / 100 for c in range(10_000)}
+    few = {str(c): c / 100 for c in range(20)}
+    summary = {"final_accuracy": 0.43, "client_accuracy": clients, "few": few}
+    logged = _loggable(summary, Path("runs/x"))
+    assert logged["final_accuracy"] == 0.43
+    assert logged["few"] == few
+    assert logged["client_accuracy"] == "<10000 entries: runs/x/summary.json>"
+    assert len(str(logged)) < 400 < len(str(summary))
