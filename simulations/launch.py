@@ -417,7 +417,16 @@ class LocalSimulation:
             return directory
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
         failure = directory / FAILURE_FILE
-        reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"
+        if failure.exists():
+            reason = json.loads(failure.read_text())["reason"]
+        else:
+            # The ServerApp wrote neither a summary nor a failure: it never got to (killed,
+            # or Flower ended the run around it). Flower's side of the story, the
+            # simulation process's output included, is in the SuperLink's log.
+            superlink = self.home / "superlink.log"
+            lines = superlink.read_text(errors="replace").splitlines(keepends=True)
+            tail += f"\n--- {superlink} (last 30 lines) ---\n" + "".join(lines[-30:])
+            reason = "no summary"
         raise FlowerRunError(
             f"run '{config.run_name}' failed: {reason} (flwr exit {code}):\n{tail}"
         )

@@ -91,6 +91,8 @@ def test_a_killed_server_resumes_to_the_uninterrupted_result(
     assert simulation.kill_server()  # SIGKILL: no chance to write anything more
     runner.join(timeout=120)
     assert "error" in outcome
+    # Neither a summary nor a failure was written: the error shows Flower's side.
+    assert "superlink.log (last 30 lines)" in str(outcome["error"])
     assert len(read_rounds(tmp_path / "resumed")) < 4
     resumed = simulation.run({**settings, "run-name": "resumed", "resume": True})
     assert [r.round for r in read_rounds(resumed)] == [1, 2, 3, 4]
