@@ -20,8 +20,8 @@ update for ``--clients`` MNIST-1D clients of the scale benchmark (``simulations.
 on each device, against the same clients one at a time on the GPU (a sample of 20,
 scaled up): seconds a round, and the largest difference between the devices' trained
 bodies. On a machine with a GPU, ``python -m simulations.scale --engines batched
---batched-sizes 100000`` with ``--run-config "device='cuda'"`` gives the scale table at
-10,000 clients a round.
+--batched-sizes 100000 --engine-workers 1 --device cuda`` gives the scale table at
+10,000 clients a round (one Ray shard, holding the GPU).
 """
 
 from __future__ import annotations

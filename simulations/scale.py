@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **settings(n, args.rounds),
             "engine": engine,
             **({"engine-workers": args.engine_workers} if engine == "batched" else {}),
+            **({"device": args.device} if args.device else {}),
             "results-dir": str(args.out.expanduser().resolve() / "runs"),
             "run-name": f"{engine}-clients-{n}",
         }
@@ -187,6 +188,14 @@ def _parser() -> Any:
         default=os.cpu_count() or 1,
         help="the batched engine's Ray actors (run-config key engine-workers; 0: in the "
         "run's process; default: one per core)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=None,
+        help="run-config key device of every run (default: the key's own, auto); on a "
+        "GPU machine: --engines batched --engine-workers 1 --device cuda (a Ray shard "
+        "gets a GPU only where there is one per worker)",
     )
     parser.add_argument(
         "--main-job", action="store_true", help="also time `make run` on each engine"
