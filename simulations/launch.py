@@ -415,21 +415,23 @@ class LocalSimulation:
         if (directory / SUMMARY_FILE).exists():
             shutil.copy(log_path, directory / "flower.log")
             return directory
+        raise self._failed(config.run_name, directory, log_path, code)
+
+    def _failed(self, name: str, directory: Path, log_path: Path, code: int) -> FlowerRunError:
+        """The error of a run that wrote no summary: the reason its ``failure.json``
+        gives and the end of its log, or, where the ServerApp wrote neither (killed, or
+        Flower ended the run around it), the end of the SuperLink's log, which holds
+        Flower's side of the story and the simulation process's output."""
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
         failure = directory / FAILURE_FILE
         if failure.exists():
             reason = json.loads(failure.read_text())["reason"]
         else:
-            # The ServerApp wrote neither a summary nor a failure: it never got to (killed,
-            # or Flower ended the run around it). Flower's side of the story, the
-            # simulation process's output included, is in the SuperLink's log.
             superlink = self.home / "superlink.log"
             lines = superlink.read_text(errors="replace").splitlines(keepends=True)
             tail += f"\n--- {superlink} (last 30 lines) ---\n" + "".join(lines[-30:])
             reason = "no summary"
-        raise FlowerRunError(
-            f"run '{config.run_name}' failed: {reason} (flwr exit {code}):\n{tail}"
-        )
+        return FlowerRunError(f"run '{name}' failed: {reason} (flwr exit {code}):\n{tail}")
 
     def run_all(
         self, runs: Sequence[Mapping[str, Any]], *, parallel: int = 1, **kwargs: Any
