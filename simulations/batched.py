@@ -132,17 +132,7 @@ class BatchedGrid(InProcessGrid):
         """Run the messages now, TRAIN and EVALUATE as cohorts (on the shards, if any);
         replies wait for ``pull_messages``. ``fail`` and ``sent`` work as for
         ``InProcessGrid``, whether the nodes are here or on shards."""
-        ids = []
-        live = []
-        for message in messages:
-            reason = self.admit(message)
-            ids.append(message.metadata.message_id)
-            if reason == self.DROP:
-                continue
-            if reason is not None:
-                self.pending[message.metadata.message_id] = _error(message, reason)
-            else:
-                live.append(message)
+        ids, live = self.admit(messages)
         if self.shards:
             self._run_on_shards(live)
         else:

@@ -94,30 +94,33 @@ class InProcessGrid:
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         """Run the app on each message now; its reply waits for ``pull_messages``."""
-        ids = []
-        for message in messages:
-            reason = self.admit(message)
-            ids.append(message.metadata.message_id)
-            if reason == self.DROP:
-                continue
-            node = message.metadata.dst_node_id
-            if reason is None:
-                try:
-                    reply = self.app(message, self.contexts[node])
-                except Exception as error:
-                    reply = Message(Error(code=0, reason=repr(error)), reply_to=message)
-            else:
-                reply = Message(Error(code=0, reason=reason), reply_to=message)
+        ids, live = self.admit(messages)
+        for message in live:
+            try:
+                reply = self.app(message, self.contexts[message.metadata.dst_node_id])
+            except Exception as error:
+                reply = Message(Error(code=0, reason=repr(error)), reply_to=message)
             self.pending[message.metadata.message_id] = reply
         return ids
 
-    def admit(self, message: Message) -> str | None:
-        """Give ``message`` a fresh id, keep it in ``sent`` if asked, and return what
-        ``fail`` makes of it (``None``: the node runs it)."""
-        message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        if self.keep_sent:
-            self.sent.append(message)
-        return self.fail(message.metadata.dst_node_id, message) if self.fail else None
+    def admit(self, messages: Iterable[Message]) -> tuple[list[str], list[Message]]:
+        """Every message's fresh id (in order), and the messages its node runs. Each is
+        kept in ``sent`` if asked; one that ``fail`` fails gets that error as its reply
+        now, one it drops never gets a reply."""
+        ids, live = [], []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            ids.append(message.metadata.message_id)
+            if self.keep_sent:
+                self.sent.append(message)
+            reason = self.fail(message.metadata.dst_node_id, message) if self.fail else None
+            if reason is None:
+                live.append(message)
+            elif reason != self.DROP:
+                self.pending[message.metadata.message_id] = Message(
+                    Error(code=0, reason=reason), reply_to=message
+                )
+        return ids, live
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         """The replies to ``message_ids`` that exist, each delivered once."""
