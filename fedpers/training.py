@@ -45,6 +45,7 @@ import contextlib
 import contextvars
 import copy
 import math
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,7 +53,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 from torch.nn import functional as F
 from torch.utils import _pytree as pytree
 
@@ -273,15 +274,50 @@ class View:
         self.tensors = tensors
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.template, dict(self.tensors), (x,))
+        return call_with(self.template, self.tensors, x)
 
     def part(self, part: str, x: torch.Tensor) -> torch.Tensor:
         prefix = part + "."
         own = {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
-        return functional_call(getattr(self.template, part), own, (x,))
+        return call_with(getattr(self.template, part), own, x)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
+
+
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[dict[str, Any], str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def call_with(module: nn.Module, tensors: Mapping[str, torch.Tensor], x: torch.Tensor) -> Any:
+    """``module(x)`` with its parameters and buffers ``tensors`` (by ``state_dict``
+    name; the others keep the module's own): ``torch.func.functional_call`` without its
+    per-call search for tied weights (a stack has none: every name has its own stacked
+    tensor) and module walk, which cost more than a small model's forward pass. Each
+    name's slot (the submodule's ``_parameters`` or ``_buffers`` entry) is found once per
+    module and the tensors are put there for the call, the module's own restored after,
+    as ``functional_call`` does."""
+    slots = _SLOTS.get(module)
+    if slots is None:
+        slots = {}
+        for prefix, sub in module.named_modules(remove_duplicate=False):
+            for table in (sub._parameters, sub._buffers):
+                for name in table:
+                    slots[f"{prefix}.{name}" if prefix else name] = (table, name)
+        _SLOTS[module] = slots
+    saved = []
+    try:
+        for name, tensor in tensors.items():
+            if name not in slots:
+                raise KeyError(f"the model has no parameter or buffer '{name}'")
+            table, key = slots[name]
+            saved.append((table, key, table[key]))
+            table[key] = tensor
+        return module(x)
+    finally:
+        for table, key, own in reversed(saved):
+            table[key] = own
 
 
 def per_client(
@@ -293,15 +329,30 @@ def per_client(
     plain call on its slice, the operations a loop over that client does. ``fn``
     returns a tensor or a tuple of tensors; the results have the leading axis."""
     if size == 1:
-        own = {name: value[0] for name, value in tensors.items()}
-        result = fn(own, *pytree.tree_map(_first, list(args)))
+        own = {name: value.squeeze(0) for name, value in tensors.items()}
+        result = fn(own, *(_first(a) for a in args))
+        if isinstance(result, torch.Tensor):
+            return result.unsqueeze(0)
         return pytree.tree_map(lambda r: r.unsqueeze(0), result)
     in_dims = (0, *(None if a is None else 0 for a in args))
     return vmap(fn, in_dims=in_dims, randomness="error")(dict(tensors), *args)
 
 
-def _first(leaf: Any) -> Any:
-    return None if leaf is None else leaf[0]
+def _first(tree: Any) -> Any:
+    """The one client's slice of every leaf of ``tree`` (a view: its backward is a
+    view too, not the copy into zeros that indexing's is)."""
+    if tree is None:
+        return None
+    if isinstance(tree, torch.Tensor):
+        return tree.squeeze(0)
+    if type(tree) in (list, tuple):
+        return type(tree)(_first(leaf) for leaf in tree)
+    return pytree.tree_map(
+        lambda leaf: (
+            leaf.squeeze(0) if isinstance(leaf, torch.Tensor) else None if leaf is None else leaf[0]
+        ),
+        tree,
+    )
 
 
 # --------------------------------------------------------------------------- dropout
@@ -324,7 +375,7 @@ class DropoutMasks:
                     # copies: a training-mode pass moves BatchNorm's running statistics
                     first = {n: t[0].clone() for n, t in stack.tensors.items()}
 
-                    functional_call(stack.template, first, (sample[:1],))
+                    call_with(stack.template, first, sample[:1])
             finally:
                 _MASKS.reset(token)
             self.layers = recording
@@ -553,6 +604,8 @@ class Plan:
             self.index[: len(own), k, : rows.shape[1]] = rows
         self.augment = _stacked_draws(steps, "augment", self.length, width)
         self.extra = _stacked_draws(steps, "extra", self.length, width)
+        self._sizes: list[int] | None = None  # a cohort of one's, as Python numbers
+        self._last: list[bool] | None = None
 
     @classmethod
     def draw(
@@ -611,6 +664,8 @@ class Plan:
         augment: Augment | None = None,
     ) -> Batch:
         """The cohort's batch of step ``s``: every client's rows of its own data."""
+        if data.size == 1:
+            return self._own_batch(s, data, sample_weights, augment)
         sizes = self.sizes[s].tolist()
         width = max(sizes, default=0)
         device = data.x.device
@@ -633,6 +688,33 @@ class Plan:
         active = (self.sizes[s] > 0).to(device)
         last = self.last[s].tolist()
         return Batch(xb, yb, weight, count, active, sizes, index, extra, last)
+
+    def _own_batch(
+        self,
+        s: int,
+        data: CohortData,
+        sample_weights: torch.Tensor | None,
+        augment: Augment | None,
+    ) -> Batch:
+        """``batch`` for a cohort of one: the client's rows gathered as a loop over it
+        gathers them, and the same tensors ``batch`` makes, without its padding masks."""
+        if self._sizes is None or self._last is None:
+            self._sizes = self.sizes[:, 0].tolist()
+            self._last = self.last[:, 0].tolist()
+        size, last = self._sizes[s], self._last[s]
+        device = data.x.device
+        index = self.index[s, :, :size].to(device)
+        xb, yb = data.x[0][index[0]][None], data.y[0][index[0]][None]
+        if augment is not None and self.augment is not None:
+            xb = augment.apply(xb, tuple(p[s, :, :size] for p in self.augment))
+        dtype = xb.dtype if xb.is_floating_point() else torch.float32
+        weight = torch.ones((1, size), dtype=dtype, device=device)
+        if sample_weights is not None:
+            weight = weight * sample_weights[0][index[0]][None]
+        count = torch.full((1,), max(size, 1), dtype=dtype, device=device)
+        extra = None if self.extra is None else pytree.tree_map(lambda t: t[s], self.extra)
+        active = torch.full((1,), size > 0, device=device)
+        return Batch(xb, yb, weight, count, active, [size], index, extra, [last])
 
 
 def _stacked_draws(
@@ -967,8 +1049,14 @@ class LastEpochLoss:
     def __init__(self, size: int) -> None:
         self.losses = torch.zeros(size, dtype=torch.float64)
         self.seen = torch.zeros(size, dtype=torch.long)
+        self.own_loss, self.own_seen = 0.0, 0
 
     def add(self, loss: torch.Tensor, batch: Batch) -> None:
+        if len(batch.sizes) == 1:  # a cohort of one: the same float64 sums, in Python
+            if batch.last_epoch[0]:
+                self.own_loss += float(loss.detach()) * batch.sizes[0]
+                self.own_seen += batch.sizes[0]
+            return
         last = torch.tensor(batch.last_epoch)
         sizes = torch.tensor(batch.sizes)
         values = loss.detach().to(torch.float64).cpu()
@@ -976,6 +1064,9 @@ class LastEpochLoss:
         self.seen += torch.where(last, sizes, 0)
 
     def stats(self, counts: Sequence[int], steps: Sequence[int]) -> list[TrainStats]:
+        if len(counts) == 1:
+            self.losses[0] += self.own_loss
+            self.seen[0] += self.own_seen
         return [
             TrainStats(float(self.losses[k]) / max(int(self.seen[k]), 1), counts[k], steps[k])
             if steps[k]
@@ -1007,10 +1098,11 @@ def step_losses(stack: Stack, objective: Objective, batch: Batch, inputs: Any) -
         own_inputs: Any,
     ) -> torch.Tensor:
 
+        view = View(stack.template, tensors)
+        if not masks:
+            return objective(view, (x, y, weight, count, extra), own_inputs)
         with replay(masks):
-            return objective(
-                View(stack.template, tensors), (x, y, weight, count, extra), own_inputs
-            )
+            return objective(view, (x, y, weight, count, extra), own_inputs)
 
     return per_client(
         one,

@@ -438,3 +438,31 @@ def test_a_cohort_of_batchnorm_models_trains_each_client_alone(
     monkeypatch.setattr(Stack, "has_batch_statistics", property(lambda self: False))
     padded = _train_clients(model, starts, xs, ys, seeds)
     assert _largest_difference(padded, alone) > 1e-6
+
+
+def test_call_with_is_functional_call_and_restores_the_module() -> None:
+    """``call_with`` against torch.func.functional_call (the oracle), on a model with a
+    buffer (BatchNorm), for the whole model and a part under ``vmap``; the module's own
+    tensors are back after the call, also when it fails; an unknown name is refused."""
+    from torch.func import functional_call, vmap
+
+    from fedpers.training import call_with
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    tensors = {n: torch.randn_like(t.float()).to(t.dtype) for n, t in model.state_dict().items()}
+    tensors["1.running_var"] = tensors["1.running_var"].abs()
+    x = torch.randn(7, 5)
+    assert torch.equal(call_with(model, tensors, x), functional_call(model, tensors, (x,)))
+    stacked = {n: torch.stack([t, t * 2]) for n, t in tensors.items() if t.is_floating_point()}
+    ours = vmap(lambda ts, xx: call_with(model, ts, xx))(stacked, torch.stack([x, x]))
+    theirs = vmap(lambda ts, xx: functional_call(model, ts, (xx,)))(stacked, torch.stack([x, x]))
+    assert torch.equal(ours, theirs)
+    assert not torch.equal(ours[0], ours[1])
+    with pytest.raises(KeyError, match=r"no parameter or buffer 'head\.weight'"):
+        call_with(model, {"0.weight": tensors["0.weight"], "head.weight": x}, x)
+    with pytest.raises(RuntimeError):
+        call_with(model, {"0.weight": torch.zeros(3, 3)}, x)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
