@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.simulations import check
-from fedpers.simulations.flags import output_parser, seeds_of, settings
+from fedpers.simulations.flags import missing_files, output_parser, seeds_of, settings
 
 FIGURES = ("final_accuracy", "private_accuracy", "final_principal_angle_distance")
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    parser = output_parser("Run one configured experiment, once per seed.")
-    parser.prog = "fedpers run"
+    parser = output_parser(
+        "Run one configured experiment, once per seed.", quick=False, prog="fedpers run"
+    )
     parser.add_argument(
         "config",
         nargs="+",
@@ -48,6 +49,9 @@ def run(argv: Sequence[str]) -> int:
 
     parser = _run_parser()
     args = parser.parse_args(argv)
+    missing = missing_files(args.config)
+    if missing:
+        parser.error(missing)
     if args.quick:
         parser.error(
             "--quick is the scripts' small version of a paper experiment; fedpers run runs "
@@ -86,21 +90,31 @@ def seed_summary(
     return method_summary([algorithm], seeds, figures, clients, directories), names
 
 
+USAGE = """usage: fedpers {run,check} ...
+
+  fedpers run CONFIG.toml ... --out DIR    run one configured experiment, once per seed
+  fedpers check CONFIG.toml ...            check a configuration; nothing starts
+
+fedpers run --help and fedpers check --help list their flags."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``fedpers {run,check} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"run": run, "check": _check}
+    if argv[:1] in (["-h"], ["--help"]):
+        print("fedpers: run one configured experiment, or check a configuration.\n\n" + USAGE)
+        return 0
     if not argv or argv[0] not in commands:
-        print(__doc__.split("\n\n")[0] + "\n\nusage: fedpers {run,check} ...", file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+        said = f"unknown command {argv[0]!r}" if argv else "no command given"
+        print(f"{USAGE}\n\nfedpers: error: {said}; use run or check", file=sys.stderr)
+        return 2
     return commands[argv[0]](argv[1:])
 
 
 def _check(argv: Sequence[str]) -> int:
-    """``fedpers check FILE [...]``: ``simulations.check`` with the files as --run-config."""
-    files = [a for a in argv if not a.startswith("-") and a.endswith(".toml")]
-    rest = [a for a in argv if a not in files]
-    return check.main([arg for f in files for arg in ("--run-config", f)] + rest)
+    """``fedpers check CONFIG.toml [...]``: ``simulations.check``."""
+    return check.main(list(argv), prog="fedpers check")
 
 
 if __name__ == "__main__":

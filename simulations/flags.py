@@ -52,19 +52,26 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def output_parser(
-    description: str, *, seeds: str = "1", quick_seeds: str = "1"
+    description: str,
+    *,
+    seeds: str = "1",
+    quick_seeds: str = "1",
+    quick: bool = True,
+    prog: str | None = None,
 ) -> argparse.ArgumentParser:
     """An argument parser with the flags every reproduction script takes; ``seeds`` is
-    the script's default ``--seeds``, ``quick_seeds`` its default with ``--quick``."""
-    parser = argparse.ArgumentParser(description=description)
+    the script's default ``--seeds``, ``quick_seeds`` its default with ``--quick``;
+    ``quick=False``: ``--quick`` is accepted (so that its refusal can say why) but not
+    offered in the help."""
+    parser = argparse.ArgumentParser(description=description, prog=prog)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
         "--seeds",
         type=parse_seeds,
         default=None,
         help="seeds to run every experiment with: a count (3 = seeds 0,1,2) or a list "
-        f"(0,1,2); tables give the mean, std and 95%% interval over them (default: {seeds}; "
-        f"with --quick: {quick_seeds})",
+        f"(0,1,2); tables give the mean, std and 95%% interval over them (default: {seeds}"
+        + (f"; with --quick: {quick_seeds})" if quick else ")"),
     )
     parser.set_defaults(default_seeds=parse_seeds(seeds), quick_seeds=parse_seeds(quick_seeds))
     parser.add_argument(
@@ -96,7 +103,9 @@ def output_parser(
     )
     add_engine_flag(parser)
     parser.add_argument(
-        "--quick", action="store_true", help="a small, fast version (for tests and CI)"
+        "--quick",
+        action="store_true",
+        help="a small, fast version (for tests and CI)" if quick else argparse.SUPPRESS,
     )
 
     parser.add_argument(
@@ -108,8 +117,12 @@ def output_parser(
         "--parallel",
         type=int,
         default=None,
-        help="runs at a time (default 1, 3 with --quick, and with --engine batched one "
-        "per core); wall times are only comparable between sequential runs",
+        help=(
+            "runs at a time (default 1, 3 with --quick, and with --engine batched one "
+            if quick
+            else "runs at a time (default 1, and with --engine batched one "
+        )
+        + "per core); wall times are only comparable between sequential runs",
     )
     return parser
 
@@ -219,6 +232,20 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
                 )
         values.update(given)
     return values
+
+
+def missing_files(configs: Sequence[str]) -> str | None:
+    """The error for positional ``CONFIG.toml`` arguments that name no file (None if
+    every one does): which, from which folder, and where the shipped ones are."""
+    missing = [c for c in configs if not _is_file(Path(c).expanduser())]
+    if not missing:
+        return None
+    names = ", ".join(repr(c) for c in missing)
+    return (
+        f"CONFIG.toml {names}: no such file (relative paths are read from {Path.cwd()}); "
+        "give a run-config file, such as conf/fedrep_table1.toml of a checkout, or set "
+        "keys with --run-config 'KEY=VALUE ...'"
+    )
 
 
 def _is_file(path: Path) -> bool:

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     prototype = build_model(args.model, num_classes=10, seed=0, input_shape=shape)
-    settings = training.SGDSettings(batch_size=args.batch_size, **SETTINGS)  # type: ignore[arg-type]
+    settings = training.SGDSettings(batch_size=args.batch_size, **SETTINGS)
     generator = torch.Generator().manual_seed(0)
     xs = torch.randn(args.cohort, args.samples, *shape, generator=generator)
     ys = torch.randint(0, 10, (args.cohort, args.samples), generator=generator)
