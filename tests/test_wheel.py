@@ -1,7 +1,8 @@
 """fedpers as a library: its wheel installs one top-level name and works outside a checkout.
 
-The wheels of fedpers and of the extension example are built here (no network, no build
-isolation) and installed without dependencies into a fresh venv, which borrows this
+The wheels of fedpers (by the README's command, in a clean checkout: the tracked files
+only) and of the extension example are built here (no network, no build isolation) and
+installed without dependencies into a fresh venv, which borrows this
 venv's packages through a path file (a wheel install of torch would copy 6 GB). Every
 command then runs from a temporary folder, so nothing can come from the checkout.
 """
@@ -36,6 +37,7 @@ class Installed:
     python: Path
     site: Path
     cwd: Path
+    built: list[str]  # what the README's command left in dist/
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -51,14 +53,47 @@ class Installed:
         return result
 
 
+def readme_build_command() -> str:
+    """The README's command that builds the wheel in a checkout (its "Install as a
+    library" section), without its comment."""
+    section = (ROOT / "README.md").read_text().split("## Install as a library", 1)[1]
+    lines = [
+        line.split("#", 1)[0].strip()
+        for line in section.split("\n## ", 1)[0].splitlines()
+        if line.startswith(".venv/bin/pip wheel")
+    ]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def clean_checkout(dest: Path) -> Path:
+    """The checkout's tracked files as they are now, in ``dest`` (what a clone of this
+    commit holds, with the working tree's edits: nothing untracked or ignored, no
+    build/ or egg-info), with ``.venv`` linked to this venv (what `make install` makes)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    (dest / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("wheel")
     wheels = base / "wheels"
+    # fedpers' wheel as the README builds it, in a clean checkout
+    checkout = clean_checkout(base / "checkout")
+    subprocess.run(["bash", "-c", readme_build_command()], cwd=checkout, check=True)
+    shutil.copytree(checkout / "dist", wheels)
+    built = sorted(p.name for p in wheels.iterdir())
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     example = base / "example"  # built from a copy: setuptools writes build/ beside it
     shutil.copytree(EXAMPLE, example)
-    subprocess.run([*build, "-w", str(wheels), str(ROOT), str(example)], check=True)
+    subprocess.run([*build, "-w", str(wheels), str(example)], check=True)
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -79,7 +114,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     subprocess.run([*install, *map(str, sorted(wheels.glob("*.whl")))], check=True)
     cwd = base / "elsewhere"
     cwd.mkdir()
-    return Installed(python=python, site=site, cwd=cwd)
+    return Installed(python=python, site=site, cwd=cwd, built=built)
+
+
+def test_the_readmes_build_makes_the_wheel_its_install_line_names(installed: Installed) -> None:
+    section = (ROOT / "README.md").read_text().split("## Install as a library", 1)[1]
+    assert installed.built == ["fedpers-0.1.0-py3-none-any.whl"]
+    assert f"pip install -c constraints.txt dist/{installed.built[0]}" in section
 
 
 def test_the_wheel_installs_no_top_level_name_but_fedpers(installed: Installed) -> None:
