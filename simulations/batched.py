@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
@@ -127,6 +128,9 @@ class BatchedGrid(InProcessGrid):
             self.shards = []
             if not os.environ.get("RAY_ADDRESS"):
                 ray.shutdown()  # the Ray this grid started on this machine
+                from fedpers.simulations.launch import remove_ray_directory
+
+                remove_ray_directory(_own_ray_directory())
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         """Run the messages now, TRAIN and EVALUATE as cohorts (on the shards, if any);
@@ -230,6 +234,14 @@ class Shard:
         return self.grid.contexts
 
 
+def _own_ray_directory() -> Path:
+    """The folder of the Ray this process starts for its shards (its session's logs and
+    sockets), removed when the grid closes."""
+    from fedpers.simulations.launch import ray_directory, work_directory
+
+    return ray_directory(work_directory(), f"b{os.getpid()}")
+
+
 def start_shards(
     run_config: Mapping[str, Any],
     num_nodes: int,
@@ -246,14 +258,12 @@ def start_shards(
     visible and the run's device allows it, one GPU."""
     import ray
 
-    from fedpers.simulations.launch import ray_directory, work_directory
-
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's FutureWarning
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if not address:
-            options["_temp_dir"] = str(ray_directory(work_directory()).resolve())
+            options["_temp_dir"] = str(_own_ray_directory().resolve())
         if not address or address.startswith("127."):
             _on_loopback()
         ray.init(address=address, logging_level=logging.ERROR, **options)

@@ -72,13 +72,26 @@ def work_directory() -> Path:
 RAY_TMPDIR_MAX = 40
 
 
-def ray_directory(work: Path) -> Path:
+def ray_directory(work: Path, owner: str | None = None) -> Path:
     """Ray's temporary folder of local runs: ``work/.ray``, or, where that path is too
-    long for Ray's sockets, a folder of this user in the system's temporary folder."""
+    long for Ray's sockets, a folder of this user in the system's temporary folder;
+    with ``owner``, that folder's subfolder of one simulation (the Ray it starts keeps
+    its session there, and the simulation removes it when it ends)."""
     folder = work / ".ray"
+    if owner is not None:
+        folder = folder / owner
     if len(str(folder)) > RAY_TMPDIR_MAX:
         folder = Path(tempfile.gettempdir()) / f"fedpers-ray-{os.getuid()}"
+        if owner is not None:
+            folder = folder / owner
     return folder
+
+
+def remove_ray_directory(folder: Path) -> None:
+    """Remove a simulation's own Ray folder (``ray_directory(work, owner)``) once its
+    Ray has stopped: Ray leaves every session's folder (logs, sockets, spilled objects)
+    behind, a few MB each, and nothing reads them after the run."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 _APP_HEADER = """# The Flower app of an installed fedpers, written by fedpers.simulations.launch:
@@ -159,15 +172,18 @@ def app_directory(work: Path, stage: Path | None = None) -> Path:
     return app
 
 
-def flower_environment(home: Path, work: Path | None = None) -> dict[str, str]:
-    """The environment every Flower process of this project runs with."""
+def flower_environment(
+    home: Path, work: Path | None = None, ray_tmp: Path | None = None
+) -> dict[str, str]:
+    """The environment every Flower process of this project runs with; ``ray_tmp``:
+    the Ray folder of its simulation (default: the work folder's, shared)."""
     env = dict(os.environ)
     env.update(
         FLWR_HOME=str(home),
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_TMPDIR=str(ray_directory(work or work_directory())),
+        RAY_TMPDIR=str(ray_tmp or ray_directory(work or work_directory())),
         # A single-machine Ray instance on loopback: on Linux Ray otherwise announces
         # its nodes at the host's outward address (simulations.ray_cluster sets 1).
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
@@ -222,7 +238,15 @@ class LocalSimulation:
         self.environment = dict(environment or {})
         self.work = work_directory()
         self.app = PROJECT if CHECKOUT else self.work / "app"
-        self.home = self.work / ".flwr" / f"sim-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        owner = uuid.uuid4().hex[:6]
+        self.home = self.work / ".flwr" / f"sim-{os.getpid()}-{owner}"
+        # The Ray this simulation starts keeps its session in a folder of its own, removed
+        # when it stops; a given RAY_ADDRESS (a cluster's, a test's head) keeps its own.
+        self.ray_tmp: Path | None = (
+            None
+            if "RAY_ADDRESS" in self.environment or os.environ.get("RAY_ADDRESS")
+            else ray_directory(self.work, owner)
+        )
         self.process: subprocess.Popen[bytes] | None = None
         self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
         self.port = 0
@@ -259,7 +283,7 @@ class LocalSimulation:
     def start(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until its HTTP API answers."""
         self.home.mkdir(parents=True, exist_ok=True)
-        ray_directory(self.work).mkdir(parents=True, exist_ok=True)
+        (self.ray_tmp or ray_directory(self.work)).mkdir(parents=True, exist_ok=True)
         self.app = app_directory(self.work, stage=self.home / "app")
         self.port = free_port()
         (self.home / "config.toml").write_text(
@@ -285,7 +309,7 @@ class LocalSimulation:
         ]
         self.process = subprocess.Popen(
             command,
-            env={**flower_environment(self.home, self.work), **self.environment},
+            env={**flower_environment(self.home, self.work, self.ray_tmp), **self.environment},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.work,
@@ -347,6 +371,8 @@ class LocalSimulation:
             self._log = None
         if not self.keep_home:
             shutil.rmtree(self.home, ignore_errors=True)
+            if self.ray_tmp is not None and not left:
+                remove_ray_directory(self.ray_tmp)
 
     # ----------------------------------------------------------------------- runs
     def run(
@@ -398,7 +424,7 @@ class LocalSimulation:
         with log_path.open("w") as log:
             process = subprocess.Popen(
                 command,
-                env=flower_environment(self.home, self.work),
+                env=flower_environment(self.home, self.work, self.ray_tmp),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

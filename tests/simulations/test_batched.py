@@ -194,3 +194,25 @@ def test_ray_shards_answer_for_the_nodes_a_grid_fails(
         assert alone.evaluate.keys() == sharded.evaluate.keys()
         for key, value in alone.evaluate.items():
             assert value == pytest.approx(sharded.evaluate[key], abs=1e-5)
+
+
+@pytest.mark.flower
+def test_shards_on_a_ray_of_their_own_remove_its_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without RAY_ADDRESS the grid starts a Ray on this machine for its shards, with a
+    folder of its own for the session (logs, sockets), removed when the grid closes (it
+    stayed under the work folder's .ray/ before, one per run)."""
+    import ray
+
+    from fedpers.simulations import batched
+
+    if ray.is_initialized():  # an earlier test's driver, on the session's Ray head
+        ray.shutdown()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    values = run_config(algorithm="fedrep", dataset="digits", num_clients=4, engine="batched")
+    folder = batched._own_ray_directory()
+    grid = BatchedGrid(values, 4, workers=2)
+    try:
+        assert list(folder.glob("session_*")), f"no Ray session in {folder}"
+    finally:
+        grid.close()
+    assert not folder.exists()

@@ -53,3 +53,27 @@ def test_a_script_killed_by_sigterm_stops_its_simulation_first(tmp_path: Path) -
     assert processes_with_home(Path(home)) == []
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)
+
+
+def test_a_simulations_own_ray_folder_is_removed_when_it_stops(tmp_path: Path) -> None:
+    # Before: every run's Ray session folder stayed under the work folder's .ray/ (28
+    # after an afternoon of runs). A simulation that starts its own Ray (no RAY_ADDRESS)
+    # now gives it a folder of its own and removes it when it stops.
+    with LocalSimulation(echo=lambda line: None) as sim:
+        assert sim.ray_tmp is not None
+        shared = sim.ray_tmp.parent
+        before = sorted(p.name for p in shared.iterdir() if p != sim.ray_tmp)
+        sim.run(
+            {
+                "algorithm": "fedavg",
+                "dataset": "digits",
+                "num-clients": 2,
+                "num-rounds": 1,
+                "results-dir": str(tmp_path),
+                "run-name": "ray-folder",
+            }
+        )
+        sessions = list(sim.ray_tmp.rglob("session_*"))
+        assert sessions, f"the run's Ray kept no session in {sim.ray_tmp}"
+    assert not sim.ray_tmp.exists()
+    assert sorted(p.name for p in shared.iterdir()) == before  # nothing else touched
