@@ -134,7 +134,7 @@ class ExperimentSettings:
             raise ConfigError(
                 f"run-config key 'algorithm' = '{self.algorithm}' is not allowed; choose one "
                 f"of: {', '.join(algorithms.names())} (or register your own with "
-                "fedpers.algorithms.register)."
+                f"fedpers.algorithms.register).{algorithms.broken_note()}"
             )
 
 

@@ -135,3 +135,55 @@ def test_server_momentum_through_flwr_run(
     assert read_summary(directory)["algorithm"] == NAME
     # 4 classes (chance 0.25): three rounds on separable clusters learn well above it
     assert records[-1].evaluate["accuracy"] > 0.5
+
+
+@pytest.fixture
+def broken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """An installed extension whose function registers a row and then fails, and one
+    whose module cannot be imported."""
+    site = tmp_path / "site"
+    info = site / "fedpers_broken-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedpers-broken\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[fedpers.extensions]\n"
+        "half = fedpers_broken_half:register\n"
+        "missing = fedpers_broken_missing:register\n"
+    )
+    (site / "fedpers_broken_half.py").write_text(
+        "import dataclasses\n"
+        "from fedpers import algorithms\n"
+        "def register():\n"
+        "    row = dataclasses.replace(algorithms.get('fedavg'), name='half-registered')\n"
+        "    algorithms.register(row)\n"
+        "    raise RuntimeError('the second half failed\\nsecond line')\n"
+    )
+    (site / "fedpers_broken_missing.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(algorithms, "_TABLE", dict(algorithms._TABLE))
+    monkeypatch.setattr(algorithms, "BROKEN_EXTENSIONS", {})
+    algorithms.load_extensions.cache_clear()
+    yield
+    algorithms.load_extensions.cache_clear()
+    for module in ("fedpers_broken_half", "fedpers_broken_missing"):
+        sys.modules.pop(module, None)
+
+
+def test_a_broken_extension_is_left_out_with_one_line_and_the_rest_runs(
+    broken: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the ImportError's traceback ended every command, algorithm='fedrep' too.
+    config = load_run_config({"algorithm": "fedrep"})
+    assert config.spec.name == "fedrep"
+    warnings = [r.getMessage() for r in caplog.records if "failed to load" in r.getMessage()]
+    assert warnings == [
+        "the fedpers extension half = fedpers_broken_half:register (package fedpers-broken) "
+        "failed to load and is left out: RuntimeError: the second half failed; fix or "
+        "uninstall that package",
+        "the fedpers extension missing = fedpers_broken_missing:register (package "
+        "fedpers-broken) failed to load and is left out: ModuleNotFoundError: No module "
+        "named 'no_such_module_anywhere'; fix or uninstall that package",
+    ]
+    assert "half-registered" not in algorithms.names()  # what it registered is undone
+    with pytest.raises(ConfigError, match=r"The extension missing = fedpers_broken_missing"):
+        load_run_config({"algorithm": "half-registered"})

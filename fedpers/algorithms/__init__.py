@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import logging
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,14 +251,53 @@ def _load_built_in() -> None:
             register(row)
 
 
+# Installed extensions that failed to load: "name = module:function (package P)" -> the
+# error, one line. Their rows are missing; every other algorithm works.
+BROKEN_EXTENSIONS: dict[str, str] = {}
+
+
 @functools.cache
 def load_extensions() -> None:
     """Call, once per process, every function that installed packages declare in the
     entry-point group ``fedpers.extensions`` (each registers algorithms, data sets or
-    models), after the built-in rows."""
+    models), after the built-in rows.
+
+    An extension that fails (its import or its function raises) is left out with one
+    warning naming its entry point and package, and the algorithm rows it registered
+    before failing are removed: one broken package does not break the runs of every
+    other algorithm. Asking for its algorithm names it (``get``)."""
     _load_built_in()
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
+    if _LOADING:  # an extension's function asked for a row (get, names): the table so far
+        return
+    _LOADING.append(True)
+    try:
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            _load(entry)
+    finally:
+        _LOADING.clear()
+
+
+_LOADING: list[bool] = []  # non-empty while load_extensions runs the extensions' functions
+
+
+def _load(entry: Any) -> None:
+    """Run one extension's entry point; on failure, undo its rows and say so once."""
+    before = dict(_TABLE)
+    try:
         entry.load()()
+    except Exception as error:  # any failure of third-party code, kept to one line
+        _TABLE.clear()
+        _TABLE.update(before)
+        package = getattr(entry.dist, "name", None)
+        where = f"{entry.name} = {entry.value}" + (f" (package {package})" if package else "")
+        first = (str(error).strip().splitlines() or [""])[0]
+        BROKEN_EXTENSIONS[where] = f"{type(error).__name__}: {first}".rstrip(": ")
+        logging.getLogger(__name__).warning(
+            "the fedpers extension %s failed to load and is left out: %s; fix or "
+            "uninstall that package",
+            where,
+            BROKEN_EXTENSIONS[where],
+        )
 
 
 def get(name: str) -> AlgorithmSpec:
@@ -274,8 +314,17 @@ def get(name: str) -> AlgorithmSpec:
     except KeyError:
         raise KeyError(
             f"unknown algorithm '{name}'; choose one of: {', '.join(names())}, or register "
-            "your own with fedpers.algorithms.register"
+            f"your own with fedpers.algorithms.register.{broken_note()}"
         ) from None
+
+
+def broken_note() -> str:
+    """For an unknown algorithm's error: the installed extensions that failed to load
+    (its row may be theirs); empty if none did."""
+    return "".join(
+        f" The extension {where} failed to load ({why}); fix or uninstall that package."
+        for where, why in BROKEN_EXTENSIONS.items()
+    )
 
 
 def names() -> list[str]:
