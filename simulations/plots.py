@@ -27,9 +27,12 @@ def plot_seeded(
     import numpy as np
     from matplotlib import pyplot as plt
 
+    from fedpers.reports import finish_figure, method_styles
     from fedpers.results import metric_value
 
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    styles = method_styles(list(curves))
+    missing = []
     for label, runs in curves.items():
         by_round: dict[int, list[float]] = {}
         for records in runs:
@@ -38,10 +41,11 @@ def plot_seeded(
                 if not math.isnan(value):
                     by_round.setdefault(record.round, []).append(scale * value)
         if not by_round:
+            missing.append(label)
             continue
         rounds = sorted(by_round)
         means = np.array([np.mean(by_round[r]) for r in rounds])
-        (line,) = axes.plot(rounds, means, label=label)
+        (line,) = axes.plot(rounds, means, label=label, **styles[label])
         if len(runs) > 1:
             spread = np.array(
                 [np.std(by_round[r], ddof=1) if len(by_round[r]) > 1 else 0.0 for r in rounds]
@@ -51,9 +55,8 @@ def plot_seeded(
             )
     axes.set_xlabel("round")
     axes.set_ylabel(ylabel or metric.split(".", 1)[-1] + (" (%)" if scale == 100 else ""))
-    if title:
-        axes.set_title(title, fontsize=9)
-    save_figure(figure, axes, path)
+    axes.set_title(title or metric, fontsize=9)
+    finish_figure(figure, axes, path, missing=missing, percent=scale == 100)
 
 
 def plot_client_cdf(
@@ -67,28 +70,20 @@ def plot_client_cdf(
     import numpy as np
     from matplotlib import pyplot as plt
 
+    from fedpers.reports import finish_figure, method_styles
+
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    styles = method_styles(list(per_client))
+    missing = []
     for method, clients in per_client.items():
         values = np.sort(100 * np.asarray(list(clients.values()), dtype=float))
         if values.size == 0:
+            missing.append(method)
             continue
         fractions = np.arange(1, values.size + 1) / values.size
-        axes.step(values, fractions, where="post", label=method)
+        axes.step(values, fractions, where="post", label=method, **styles[method])
     axes.axhline(0.1, color="grey", lw=0.8, ls="--")
     axes.set_xlabel("final accuracy of a client (%)")
     axes.set_ylabel("fraction of clients at or below")
-    if title:
-        axes.set_title(title, fontsize=9)
-    save_figure(figure, axes, path)
-
-
-def save_figure(figure: Any, axes: Any, path: Path) -> None:
-    """The figures' common finish: a light grid, the legend, a tight layout, 120 dpi,
-    and the figure closed."""
-    from matplotlib import pyplot as plt
-
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    axes.set_title(title or "clients' final accuracy", fontsize=9)
+    finish_figure(figure, axes, path, missing=missing, integer_x=False)

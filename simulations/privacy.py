@@ -322,7 +322,7 @@ def _plot(summary: Mapping[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from fedpers.simulations.plots import save_figure
+    from fedpers.reports import finish_figure, method_styles
 
     epsilons = summary["epsilons"]
     finite = [float(e) for e in epsilons if e != INF]
@@ -331,17 +331,19 @@ def _plot(summary: Mapping[str, Any], path: Path, title: str) -> None:
         where[INF] = 2 * max(finite) if finite else 1.0
     order = sorted(epsilons, key=lambda e: where[e])
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    styles = method_styles(list(summary["methods"]))
     for m in summary["methods"]:
         means = [100 * summary["final_accuracy"][m][e] for e in order]
         stds = [100 * (summary["final_accuracy_std"][m][e] or 0.0) for e in order]
         stds = [0.0 if math.isnan(s) else s for s in stds]
-        axes.errorbar([where[e] for e in order], means, yerr=stds, marker="o", capsize=3, label=m)
+        style = {"marker": "o", **styles[m]}
+        axes.errorbar([where[e] for e in order], means, yerr=stds, capsize=3, label=m, **style)
     axes.set_xscale("log", base=2)
     axes.set_xticks([where[e] for e in order], [("∞" if e == INF else e) for e in order])
     axes.set_xlabel("epsilon (client-level, delta = 1/N^1.1)")
     axes.set_ylabel("final accuracy (%)")
     axes.set_title(title, fontsize=9)
-    save_figure(figure, axes, path)
+    finish_figure(figure, axes, path, percent=True, integer_x=False)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,9 @@ def _plot(path: Path, result: dict[str, Any], values: list[Any], label: str, tit
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from fedpers.reports import method_styles
+
+    styles = method_styles(list(result["methods"]))
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for axis, metric, name in zip(
         axes,
@@ -229,7 +232,8 @@ def _plot(path: Path, result: dict[str, Any], values: list[Any], label: str, tit
             spread = np.nan_to_num(
                 np.array([100 * result[f"{metric}_std"][method][str(v)] for v in values])
             )
-            (line,) = axis.plot([str(v) for v in values], means, marker="o", label=method)
+            style = {"marker": "o", **styles[method]}
+            (line,) = axis.plot([str(v) for v in values], means, label=method, **style)
             axis.fill_between(
                 [str(v) for v in values],
                 means - spread,
@@ -240,10 +244,10 @@ def _plot(path: Path, result: dict[str, Any], values: list[Any], label: str, tit
         axis.set_xlabel(label)
         axis.set_ylabel(f"average {name} accuracy (%)")
         axis.grid(alpha=0.3)
-    axes[0].legend()
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
 
