@@ -312,6 +312,12 @@ class RunRecorder:
             self._board.flush()
         logger.info(self.progress_line(record))
 
+    def startup(self, stage: str) -> None:
+        """Log ``name | start-up | stage | elapsed``: what the run is doing before its
+        first round (the scripts show these lines as they show the rounds')."""
+        elapsed = time.monotonic() - self.started
+        logger.info(f"{self.name} | start-up | {stage} | elapsed {_clock(elapsed)}")
+
     def progress_line(self, record: RoundRecord) -> str:
         """``name | round r/T | elapsed | ETA | metric`` for one round."""
         elapsed = time.monotonic() - self.started

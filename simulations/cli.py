@@ -69,6 +69,7 @@ def run(argv: Sequence[str]) -> int:
     table = method_table(summary, [(n, n.replace("_", " ")) for n in figures if n in PERCENT])
     (out / "table.md").write_text(table)
     print(table)
+    print(f"results in {out}: summary.json, table.md and each seed's run in runs/")
     return 0
 
 

@@ -54,6 +54,7 @@ class InProcessSimulation:
         threads: int | None = None,
     ) -> None:
         self.runs: list[str] = []
+        self.echo = echo or (lambda line: print(line, flush=True))
         self.process = None
         self.threads = threads  # the batched engine's torch threads (None: as torch has)
         # with ``batched`` (BatchedGrid's keywords: cohort_size, threads, dtype), the
@@ -112,6 +113,7 @@ class InProcessSimulation:
                     close()
 
         if (directory / SUMMARY_FILE).exists():
+            self.echo(launch.done_line(config.run_name, directory))
             return directory
         failure = directory / FAILURE_FILE
         reason = json.loads(failure.read_text())["reason"] if failure.exists() else "no summary"

@@ -47,7 +47,7 @@ WORK_ENV = "FEDPERS_WORK_DIR"  # where the Flower and Ray state of local runs go
 logger = logging.getLogger(__name__)
 
 # The progress lines of fedpers.results.RunRecorder, as they come out of `flwr run`.
-PROGRESS = re.compile(r"\| round \d+/\d+ \|")
+PROGRESS = re.compile(r"\| (round \d+/\d+|start-up) \|")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -195,6 +195,19 @@ def flower_environment(
     return env
 
 
+def done_line(name: str, directory: Path) -> str:
+    """``name | done | results in DIR | start-up S s, rounds R s``: a finished run's last
+    line, from its summary (the start-up apart from the rounds)."""
+    summary = json.loads((directory / SUMMARY_FILE).read_text())
+    wall, startup = summary.get("wall_seconds"), summary.get("startup_seconds")
+    timing = (
+        f"start-up {startup:.1f} s, rounds {wall - startup:.1f} s"
+        if isinstance(wall, int | float) and isinstance(startup, int | float)
+        else "no timing"
+    )
+    return f"{name} | done | results in {directory} | {timing}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as probe:
@@ -291,6 +304,8 @@ class LocalSimulation:
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
         )
         self._log = (self.home / "superlink.log").open("w")
+        self.echo("starting a local Flower SuperLink for the runs")
+        begun = time.monotonic()
         command = [
             str(BIN / "flower-superlink"),
             "--insecure",
@@ -322,6 +337,7 @@ class LocalSimulation:
                 self.stop()
                 raise FlowerRunError(f"flower-superlink did not start:\n{log}")
             time.sleep(0.2)
+        self.echo(f"SuperLink ready on 127.0.0.1:{self.port} ({time.monotonic() - begun:.1f} s)")
 
     def _healthy(self) -> bool:
         try:
@@ -421,6 +437,10 @@ class LocalSimulation:
             "--stream",
         ]
         log_path = self.home / f"run-{config.run_name}.log"
+        self.echo(
+            f"{config.run_name} | start-up | flwr run: the simulation starts Ray and "
+            f"{nodes} virtual nodes"
+        )
         with log_path.open("w") as log:
             process = subprocess.Popen(
                 command,
@@ -440,6 +460,7 @@ class LocalSimulation:
             self.streams.discard(process)
         if (directory / SUMMARY_FILE).exists():
             shutil.copy(log_path, directory / "flower.log")
+            self.echo(done_line(config.run_name, directory))
             return directory
         raise self._failed(config.run_name, directory, log_path, code)
 

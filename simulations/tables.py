@@ -65,8 +65,9 @@ def method_summary(
     lists are ``per_seed``). ``clients[method]`` are the first seed's final per-client
     accuracies: ``per_client``, ``client_p10`` and ``client_std`` (over clients).
     Communication (``megabytes_total``: training messages sent and received, all rounds;
-    evaluation messages are not counted) and
-    ``wall_seconds`` are seed means from the runs' summaries.
+    evaluation messages are not counted), ``wall_seconds`` (the ServerApp's whole run),
+    ``startup_seconds`` (its start-up: nodes, their data, the initial model) and
+    ``rounds_seconds`` (the rest) are seed means from the runs' summaries.
     """
     from fedpers.reports import read_summary
 
@@ -85,20 +86,34 @@ def method_summary(
     summary["megabytes_total"] = {
         m: known_mean([runs[(m, s)].get("megabytes_total") for s in seeds]) for m in methods
     }
-    summary["wall_seconds"] = {
-        m: known_mean([runs[(m, s)].get("wall_seconds") for s in seeds]) for m in methods
+    for key in ("wall_seconds", "startup_seconds"):
+        summary[key] = {m: known_mean([runs[(m, s)].get(key) for s in seeds]) for m in methods}
+    summary["rounds_seconds"] = {
+        m: known_mean(
+            [
+                _difference(runs[(m, s)].get("wall_seconds"), runs[(m, s)].get("startup_seconds"))
+                for s in seeds
+            ]
+        )
+        for m in methods
     }
     return summary
+
+
+def _difference(whole: Any, part: Any) -> float | None:
+    """``whole - part``, None where either is missing (a run from before the split)."""
+    return None if whole is None or part is None else float(whole) - float(part)
 
 
 def method_table(summary: Mapping[str, Any], figures: Sequence[tuple[str, str]]) -> str:
     """A markdown table of ``method_summary``: per method, each figure (``(name,
     label)``, in %) as mean ± std with its 95% interval, then the clients' 10th
-    percentile and spread (first seed), megabytes sent and received, wall seconds."""
+    percentile and spread (first seed), megabytes sent and received, the rounds' wall
+    seconds and the start-up's apart."""
     header = ["method"]
     for _, label in figures:
         header += [f"{label} (%)", "95% interval"]
-    header += ["clients p10 (%)", "clients std (%)", "MB trained", "wall s"]
+    header += ["clients p10 (%)", "clients std (%)", "MB trained", "rounds s", "start-up s"]
     rows = []
     for m in summary["methods"]:
         row: list[Any] = [m]
@@ -111,7 +126,8 @@ def method_table(summary: Mapping[str, Any], figures: Sequence[tuple[str, str]])
             _percent(summary["client_p10"][m]),
             _percent(summary["client_std"][m]),
             summary["megabytes_total"][m],
-            summary["wall_seconds"][m],
+            summary.get("rounds_seconds", summary["wall_seconds"])[m],
+            summary.get("startup_seconds", {}).get(m),
         ]
         rows.append(row)
     return markdown_table(header, rows)

@@ -189,12 +189,14 @@ def _run(
     family = config.family
     evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
     evaluate_config = strategy.evaluate_config()
+    recorder.startup(f"waiting for {config.num_clients} nodes and their partitions")
     strategy.federation.connect(
         grid,
         timeout=config.node_wait_timeout,
         settled=SETTLED_SECONDS if simulated(grid) else None,
     )
     started["partitions_known"] = time.time()
+    recorder.startup("nodes registered, partitions known; choosing the initial model")
     if checkpoint is not None:
         initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
         strategy.resume_after(recorder.records)
@@ -217,6 +219,7 @@ def _run(
         checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
 
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
+    recorder.startup("initial model ready; round 1 starts")
     result = strategy.start(
         grid,
         initial,
@@ -276,6 +279,8 @@ def _summary(
     summary["algorithm"] = config.algorithm
     summary["startup_rejections"] = list(strategy.startup_rejections)
     summary["rounds_started_unix"] = started["rounds_started"]
+    # the ServerApp's start-up (nodes, their data, the initial model) apart from the rounds
+    summary["startup_seconds"] = started["rounds_started"] - started["serverapp_started"]
     # where the start-up went (wall clock, seconds since the epoch)
     summary["startup_unix"] = {
         "serverapp_started": started["serverapp_started"],

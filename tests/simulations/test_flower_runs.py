@@ -55,11 +55,12 @@ def test_a_script_killed_by_sigterm_stops_its_simulation_first(tmp_path: Path) -
         os.kill(int(pid), 0)
 
 
-def test_a_simulations_own_ray_folder_is_removed_when_it_stops(tmp_path: Path) -> None:
+def test_a_simulation_says_what_it_does_and_removes_its_own_ray_folder(tmp_path: Path) -> None:
     # Before: every run's Ray session folder stayed under the work folder's .ray/ (28
     # after an afternoon of runs). A simulation that starts its own Ray (no RAY_ADDRESS)
     # now gives it a folder of its own and removes it when it stops.
-    with LocalSimulation(echo=lambda line: None) as sim:
+    lines: list[str] = []
+    with LocalSimulation(echo=lines.append) as sim:
         assert sim.ray_tmp is not None
         shared = sim.ray_tmp.parent
         before = sorted(p.name for p in shared.iterdir() if p != sim.ray_tmp)
@@ -77,3 +78,16 @@ def test_a_simulations_own_ray_folder_is_removed_when_it_stops(tmp_path: Path) -
         assert sessions, f"the run's Ray kept no session in {sim.ray_tmp}"
     assert not sim.ray_tmp.exists()
     assert sorted(p.name for p in shared.iterdir()) == before  # nothing else touched
+    # What a user sees before round 1 and after the run (before: nothing for a minute,
+    # and no word of where the results went)
+    assert lines[0] == "starting a local Flower SuperLink for the runs"
+    assert lines[1].startswith("SuperLink ready on 127.0.0.1:")
+    stages = [line.split(" | ")[2] for line in lines if " | start-up | " in line]
+    assert stages == [
+        "flwr run: the simulation starts Ray and 2 virtual nodes",
+        "waiting for 2 nodes and their partitions",
+        "nodes registered, partitions known; choosing the initial model",
+        "initial model ready; round 1 starts",
+    ]
+    assert lines[-1].startswith(f"ray-folder | done | results in {tmp_path / 'ray-folder'} | ")
+    assert " s, rounds " in lines[-1]
