@@ -117,11 +117,13 @@ def finish_figure(
     missing: Sequence[str] = (),
     percent: bool = False,
     integer_x: bool = True,
+    note: str = "",
 ) -> None:
     """Every figure's finish: a light grid; whole-number ticks on a rounds axis; a %
     axis spanning at least 10 points (a 2-point drift does not fill the figure); the
     legend beside the axes, in columns of at most 20, once there are more than four
-    lines (inside them otherwise); a note naming the labels without values to draw;
+    lines (inside them otherwise); ``note`` and a note naming the labels without values
+    to draw under the axes;
     saved at 120 dpi with everything in the picture, and closed."""
     from matplotlib import pyplot as plt
     from matplotlib.ticker import MaxNLocator
@@ -146,9 +148,12 @@ def finish_figure(
         )
     elif len(handles) > 1:
         axes.legend(fontsize=8)
+    notes = [note] if note else []
     if missing:
+        notes.append("not drawn (no value in any round): " + ", ".join(missing))
+    if notes:
         axes.annotate(
-            "not drawn (no value in any round): " + ", ".join(missing),
+            "\n".join(notes),
             xy=(0.0, -0.16),
             xycoords="axes fraction",
             fontsize=7,

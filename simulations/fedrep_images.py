@@ -117,12 +117,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{config['classes-per-client']} classes, {config['num-rounds']} rounds"
     )
     (out / "table.md").write_text(f"# {title}\n\n{seeds_note(seeds)}\n\n{table}")
-    curves = {
-        m: [read_rounds(directories[(m, s)]) for s in seeds]
-        for m in chosen
-        if not any(m == ft and base in chosen for base, ft in FINETUNED.items())
-    }
-    plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title)
+    shared = [m for m in chosen if any(m == ft and b in chosen for b, ft in FINETUNED.items())]
+    curves = {m: [read_rounds(directories[(m, s)]) for s in seeds] for m in chosen}
+    curves = {m: runs for m, runs in curves.items() if m not in shared}
+    note = (
+        f"{', '.join(shared)}: the curve of the row without +FT (fine-tuned at the end only)"
+        if shared
+        else ""
+    )
+    plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title, note=note)
     plot_client_cdf(result["per_client"], out / "clients.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
     return result

@@ -17,10 +17,12 @@ def plot_seeded(
     title: str = "",
     scale: float = 100.0,
     ylabel: str = "",
+    note: str = "",
 ) -> None:
     """One line per method: the mean over seeds of ``metric`` per round, shaded
     ± one std where there are several seeds (``curves[method]`` = each seed's round
-    records); values times ``scale`` (100: in %, as the tables)."""
+    records); values times ``scale`` (100: in %, as the tables); ``note`` is written
+    under the axes (e.g. why some rows have no curve)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,7 +58,7 @@ def plot_seeded(
     axes.set_xlabel("round")
     axes.set_ylabel(ylabel or metric.split(".", 1)[-1] + (" (%)" if scale == 100 else ""))
     axes.set_title(title or metric, fontsize=9)
-    finish_figure(figure, axes, path, missing=missing, percent=scale == 100)
+    finish_figure(figure, axes, path, missing=missing, percent=scale == 100, note=note)
 
 
 def plot_client_cdf(

@@ -99,3 +99,12 @@ def test_client_cdf_styles_and_notes_the_methods_without_clients(
     _outside_legend(figure, axes)
     assert axes.get_title() == "clients' final accuracy"
     assert [t.get_text() for t in axes.texts] == ["not drawn (no value in any round): fedavg-ft"]
+
+
+def test_a_scripts_note_is_written_under_the_axes(kept: list[Any], tmp_path: Path) -> None:
+    curves = {"fedavg": [_records("method-1")], "fedavg-ft": [_records("fedavg-ft")]}
+    note = "fedavg-ft: the curve of the row without +FT (fine-tuned at the end only)"
+    plot_seeded(curves, "evaluate.accuracy", tmp_path / "n.png", note=note)
+    (figure,) = kept
+    (text,) = figure.axes[0].texts
+    assert text.get_text() == f"{note}\nnot drawn (no value in any round): fedavg-ft"
