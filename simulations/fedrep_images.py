@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if shared
         else ""
     )
-    plot_seeded(curves, "evaluate.accuracy", out / "accuracy.png", title=title, note=note)
+    plot_seeded(
+        curves, "evaluate.accuracy", out / "accuracy.png", title=title, note=note, order=chosen
+    )
     plot_client_cdf(result["per_client"], out / "clients.png", title=title)
     print(f"\n{title}\n\n{table}\nresults: {out}")
     return result

@@ -18,11 +18,14 @@ def plot_seeded(
     scale: float = 100.0,
     ylabel: str = "",
     note: str = "",
+    order: Sequence[str] = (),
 ) -> None:
     """One line per method: the mean over seeds of ``metric`` per round, shaded
     ± one std where there are several seeds (``curves[method]`` = each seed's round
     records); values times ``scale`` (100: in %, as the tables); ``note`` is written
-    under the axes (e.g. why some rows have no curve)."""
+    under the axes (e.g. why some rows have no curve); ``order``: the methods whose
+    positions give the styles (so that a method looks the same in every figure of a
+    script, where some figures leave methods out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +36,7 @@ def plot_seeded(
     from fedpers.results import metric_value
 
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
-    styles = method_styles(list(curves))
+    styles = method_styles([*order, *curves])
     missing = []
     for label, runs in curves.items():
         by_round: dict[int, list[float]] = {}
