@@ -429,6 +429,30 @@ def write_failure(directory: Path, reason: str) -> bool:
         os.close(lock)
 
 
+def record_interruption(directory: Path, reason: str) -> int | None:
+    """``failure.json`` for a run whose processes were stopped from outside (SIGINT,
+    SIGTERM), written by the script that started it once they are gone: the reason and
+    the rounds its ``rounds.jsonl`` holds (its checkpoint's, or one more). None where the
+    run finished or is still writing (its lock is held)."""
+    if (directory / SUMMARY_FILE).exists():
+        return None
+    try:
+        lock = _claim(directory)
+    except (ResultsExistError, OSError) as error:
+        logger.warning("%s: not recording the interruption: %s", directory, error)
+        return None
+    try:
+        rounds = len(read_rounds(directory)) if (directory / ROUNDS_FILE).exists() else 0
+        payload = {"reason": reason, "rounds_completed": rounds, "interrupted": True}
+        _write_json_atomic(directory / FAILURE_FILE, payload)
+        return rounds
+    except (OSError, ValueError) as error:
+        logger.warning("%s: could not record the interruption: %s", directory, error)
+        return None
+    finally:
+        os.close(lock)
+
+
 def _record_failure(directory: Path, reason: str, rounds_completed: int) -> bool:
     """``failure.json``, by the holder of the lock; not over a finished run."""
     if (directory / SUMMARY_FILE).exists():

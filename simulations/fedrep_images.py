@@ -117,6 +117,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{config['classes-per-client']} classes, {config['num-rounds']} rounds"
     )
     (out / "table.md").write_text(f"# {title}\n\n{seeds_note(seeds)}\n\n{table}")
+    _plot(out, title, chosen, seeds, directories, result["per_client"])
+    print(f"\n{title}\n\n{table}\nresults: {out}")
+    return result
+
+
+def _plot(
+    out: Path,
+    title: str,
+    chosen: list[str],
+    seeds: list[int],
+    directories: dict[tuple[str, int], Path],
+    per_client: dict[str, dict[str, float]],
+) -> None:
+    """The accuracy curves (the +FT rows noted: their rounds are their base row's) and
+    the clients' final accuracies."""
     shared = [m for m in chosen if any(m == ft and b in chosen for b, ft in FINETUNED.items())]
     curves = {m: [read_rounds(directories[(m, s)]) for s in seeds] for m in chosen}
     curves = {m: runs for m, runs in curves.items() if m not in shared}
@@ -128,9 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot_seeded(
         curves, "evaluate.accuracy", out / "accuracy.png", title=title, note=note, order=chosen
     )
-    plot_client_cdf(result["per_client"], out / "clients.png", title=title)
-    print(f"\n{title}\n\n{table}\nresults: {out}")
-    return result
+    plot_client_cdf(per_client, out / "clients.png", title=title)
 
 
 def _accuracies(

@@ -108,10 +108,28 @@ def output_parser(
         help="a small, fast version (for tests and CI)" if quick else argparse.SUPPRESS,
     )
 
+    _add_output_flags(parser, quick)
+    return parser
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, quick: bool) -> None:
+    """``--overwrite``, ``--resume``, ``--discard-interrupted`` and ``--parallel``."""
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the results a previous run of this script left in --out",
+        help="replace the results a previous run of this script left in --out (refused "
+        "where it holds interrupted runs: see --resume and --discard-interrupted)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run of this command in --out: finished runs are "
+        "kept, interrupted ones go on from their last round, the others start",
+    )
+    parser.add_argument(
+        "--discard-interrupted",
+        action="store_true",
+        help="with --overwrite: also delete interrupted runs that --resume could continue",
     )
     parser.add_argument(
         "--parallel",
@@ -124,7 +142,6 @@ def output_parser(
         )
         + "per core); wall times are only comparable between sequential runs",
     )
-    return parser
 
 
 def add_engine_flag(parser: argparse.ArgumentParser) -> None:

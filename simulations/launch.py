@@ -262,6 +262,7 @@ class LocalSimulation:
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.streams: set[subprocess.Popen[str]] = set()  # running `flwr run --stream`
+        self.logs: dict[Path, Path] = {}  # each started run's directory: its Flower log
         self.port = 0
         self._log: TextIO | None = None
         self._previous_sigterm: Any = None
@@ -273,7 +274,10 @@ class LocalSimulation:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        # Interrupted (Ctrl-C): the runs stop now, not after a graceful 15 s in which
+        # they would go on training rounds.
+        interrupted = isinstance(exc[1], KeyboardInterrupt)
+        self.stop(grace=2.0 if interrupted else 15.0)
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
@@ -288,7 +292,7 @@ class LocalSimulation:
             return
 
         def stop_then_exit(signum: int, frame: object) -> None:
-            self.stop(grace=5.0)
+            self.stop(grace=2.0)
             raise SystemExit(128 + signum)
 
         self._previous_sigterm = signal.signal(signal.SIGTERM, stop_then_exit)
@@ -385,10 +389,42 @@ class LocalSimulation:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._keep_logs()
         if not self.keep_home:
             shutil.rmtree(self.home, ignore_errors=True)
             if self.ray_tmp is not None and not left:
                 remove_ray_directory(self.ray_tmp)
+
+    def _stream(self, command: list[str], log_path: Path) -> int:
+        """Run ``flwr run --stream``: every line to the run's log, its progress lines to
+        ``echo``; its exit status."""
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                command,
+                env=flower_environment(self.home, self.work, self.ray_tmp),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=self.work,
+            )
+            self.streams.add(process)
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(strip_ansi(line))  # files hold no terminal codes
+                if PROGRESS.search(line):
+                    self.echo(_strip_log_prefix(line))
+            code = process.wait()
+            self.streams.discard(process)
+        return code
+
+    def _keep_logs(self) -> None:
+        """Copy the Flower log of every started run that has none in its directory (a
+        run stopped before its end: interrupted, failed) there, before the private
+        FLWR_HOME goes."""
+        for directory, log in self.logs.items():
+            if directory.is_dir() and log.is_file() and not (directory / "flower.log").exists():
+                with contextlib.suppress(OSError):
+                    shutil.copy(log, directory / "flower.log")
 
     # ----------------------------------------------------------------------- runs
     def run(
@@ -437,27 +473,12 @@ class LocalSimulation:
             "--stream",
         ]
         log_path = self.home / f"run-{config.run_name}.log"
+        self.logs[directory] = log_path
         self.echo(
             f"{config.run_name} | start-up | flwr run: the simulation starts Ray and "
             f"{nodes} virtual nodes"
         )
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                command,
-                env=flower_environment(self.home, self.work, self.ray_tmp),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=self.work,
-            )
-            self.streams.add(process)
-            assert process.stdout is not None
-            for line in process.stdout:
-                log.write(strip_ansi(line))  # files hold no terminal codes
-                if PROGRESS.search(line):
-                    self.echo(_strip_log_prefix(line))
-            code = process.wait()
-            self.streams.discard(process)
+        code = self._stream(command, log_path)
         if (directory / SUMMARY_FILE).exists():
             shutil.copy(log_path, directory / "flower.log")
             self.echo(done_line(config.run_name, directory))
@@ -493,8 +514,16 @@ class LocalSimulation:
             resolved_config(overrides)
         if parallel <= 1:
             return [self.run(overrides, **kwargs) for overrides in runs]
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
+        pool = ThreadPoolExecutor(max_workers=parallel)
+        try:
             return list(pool.map(lambda overrides: self.run(overrides, **kwargs), runs))
+        except BaseException:
+            # Interrupted (or a run failed): stop the runs' processes now, so that the
+            # threads waiting on them return, instead of waiting for every run to end.
+            self.stop(grace=2.0)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:

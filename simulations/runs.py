@@ -7,6 +7,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -69,20 +70,41 @@ def _check_directories(results_dir: str, run_name: str, data_root: str) -> None:
 MARKER = ".fedpers-results"  # in every output directory a script made
 
 
-def prepare_output(out: Path, *, overwrite: bool) -> Path:
+def prepare_output(
+    out: Path, *, overwrite: bool, resume: bool = False, discard_interrupted: bool = False
+) -> Path:
     """Create ``out``; refuse to clobber earlier results unless ``overwrite``, and then
-    delete only a directory that a fedpers script made (it holds ``MARKER``) and in which
-    no run is writing (no run directory's lock is held).
+    delete only a directory that a fedpers script made (it holds ``MARKER``), in which
+    no run is writing (no run directory's lock is held) and which holds no interrupted
+    run (unless ``discard_interrupted``). With ``resume``, keep what ``out`` holds (a
+    fedpers script's output directory).
 
     Called before any run starts, so a wrong directory costs nothing.
     """
+    from fedpers.simulations import interrupt
+
     out = out.expanduser().resolve()
+    if resume and overwrite:
+        raise SystemExit(
+            "error: --resume keeps what --out holds and --overwrite deletes it; give one"
+        )
+    if resume:
+        if not (out / MARKER).is_file():
+            raise SystemExit(
+                f"error: --resume continues the runs of a fedpers script in --out, and {out} "
+                f"is not such a directory (it has no {MARKER}); check --out"
+            )
+        return out
     if out.exists() and any(out.iterdir()):
         if not overwrite:
+            resumable = any(interrupt.resumable(d) for d in out.glob("runs/*"))
             raise SystemExit(
-                f"error: {out} is not empty; pass --overwrite to replace its contents "
-                "or choose another --out"
+                f"error: {out} is not empty; "
+                + ("add --resume to continue its interrupted runs, " if resumable else "")
+                + "pass --overwrite to replace its contents or choose another --out"
             )
+        if not discard_interrupted:
+            interrupt.refuse_overwriting_resumable(out)
         if not (out / MARKER).is_file():
             raise SystemExit(
                 f"error: --overwrite deletes only an output directory of a fedpers script, "
@@ -141,15 +163,61 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
     """Validate every run and that ``--out`` may be written, then run them all on one
     local simulation SuperLink (``--parallel`` at a time, ``--cpus-per-client`` ...);
     returns their run directories, in order."""
-    from fedpers.simulations.launch import LocalSimulation
+    from fedpers.simulations import interrupt
 
+    resume = bool(getattr(args, "resume", False))
+    runs = interrupt.with_client_state(runs, args.out)
     validate_runs(runs)
     kwargs = resources(args)
-    prepare_output(args.out, overwrite=args.overwrite)
+    out = prepare_output(
+        args.out,
+        overwrite=args.overwrite,
+        resume=resume,
+        discard_interrupted=bool(getattr(args, "discard_interrupted", False)),
+    )
+    pending, finished = interrupt.plan(runs) if resume else ([dict(r) for r in runs], [])
+    if resume:
+        print(
+            f"--resume: {len(finished)} of {len(runs)} runs finished before, "
+            f"{sum(bool(r.get('resume')) for r in pending)} go on from their last round, "
+            f"{sum(not r.get('resume') for r in pending)} start",
+            flush=True,
+        )
+    try:
+        with interrupt.sigterm_interrupts():
+            done = _run_pending(args, pending, kwargs)
+    except BaseException as error:
+        if not interrupt.is_interruption(error):
+            raise
+        signum = interrupt.signal_of(error)
+        print(interrupt.report(out, runs, signum), flush=True)
+        raise SystemExit(128 + signum) from None
+    directories = iter(done)
+    return [
+        run_directory_of(run) if index in finished else next(directories)
+        for index, run in enumerate(runs)
+    ]
+
+
+def _run_pending(
+    args: argparse.Namespace, runs: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+) -> list[Path]:
+    from fedpers.simulations.launch import LocalSimulation
+
+    if not runs:
+        return []
     if getattr(args, "in_process", False) or batched(runs):  # every run gave a Path
         return cast(list[Path], run_in_process_pool(runs, parallelism(args), keep_going=False))
     with LocalSimulation() as simulation:
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+
+
+def run_directory_of(run: Mapping[str, Any]) -> Path:
+    """The directory a run writes (its ``results-dir`` and ``run-name``)."""
+    from fedpers.simulations.launch import resolved_config
+
+    config = resolved_config(run)
+    return Path(config.results_dir).expanduser().resolve() / config.run_name
 
 
 def batched(runs: Sequence[Mapping[str, Any]]) -> bool:
@@ -178,6 +246,10 @@ def follow_parent(parent: int) -> None:
     ``PARENT_POLL_SECONDS`` of the script that started it, so that a script stopped by
     SIGTERM or SIGKILL, which runs no clean-up, leaves no orphan training on."""
 
+    # Ctrl-C reaches the whole foreground process group: the script handles it (it
+    # stops the workers and records what was kept), the workers do not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)
@@ -198,7 +270,6 @@ def run_in_process_pool(
     ``keep_going`` (said on stdout, so a table keeps the rest), else raises
     ``FlowerRunError`` and the runs not yet started are cancelled."""
     from fedpers.simulations.inprocess import run_in_process
-    from fedpers.simulations.launch import FlowerRunError
 
     if not runs:
         return []
@@ -213,17 +284,38 @@ def run_in_process_pool(
         threads = max(1, (os.cpu_count() or 1) // parallel)  # the batched engine's share
         futures: list[Future[Path]] = [pool.submit(run_in_process, dict(r), threads) for r in runs]
 
-        done: list[Path | None] = []
-        for future, overrides in zip(futures, runs, strict=True):
-            try:
-                done.append(future.result())
-            except Exception as error:  # FlowerRunError, BrokenProcessPool, a bug in one run
-                reason = str(error) if isinstance(error, FlowerRunError) else repr(error)
-                if not keep_going:
-                    pool.shutdown(cancel_futures=True)
-                    raise FlowerRunError(
-                        f"run '{overrides['run-name']}' did not finish: {reason}"
-                    ) from error
-                print(f"run '{overrides['run-name']}' did not finish: {reason}", flush=True)
-                done.append(None)
-        return done
+        try:
+            return _collect(pool, futures, runs, keep_going)
+        except (KeyboardInterrupt, SystemExit):  # interrupted: the runs stop now, not at their end
+            pool.shutdown(wait=False, cancel_futures=True)
+            children = multiprocessing.active_children()
+            for child in children:
+                child.terminate()
+            for child in children:  # gone before the script records what they left
+                child.join(timeout=10)
+            raise
+
+
+def _collect(
+    pool: ProcessPoolExecutor,
+    futures: Sequence[Future[Path]],
+    runs: Sequence[Mapping[str, Any]],
+    keep_going: bool,
+) -> list[Path | None]:
+    """Each run's directory, in order (None for a run that failed, with ``keep_going``)."""
+    from fedpers.simulations.launch import FlowerRunError
+
+    done: list[Path | None] = []
+    for future, overrides in zip(futures, runs, strict=True):
+        try:
+            done.append(future.result())
+        except Exception as error:  # FlowerRunError, BrokenProcessPool, a bug in one run
+            reason = str(error) if isinstance(error, FlowerRunError) else repr(error)
+            if not keep_going:
+                pool.shutdown(cancel_futures=True)
+                raise FlowerRunError(
+                    f"run '{overrides['run-name']}' did not finish: {reason}"
+                ) from error
+            print(f"run '{overrides['run-name']}' did not finish: {reason}", flush=True)
+            done.append(None)
+    return done

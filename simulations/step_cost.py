@@ -75,6 +75,14 @@ def torch_loop(
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
+    shape = shape or _input_shape(args.model)
+    torch.set_num_threads(args.threads)
+    _run(args, shape)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", default="digits-mlp", choices=sorted(MODELS))
     parser.add_argument("--input-shape", default="", help="e.g. 3,32,32; default: the model's")
@@ -88,10 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("samples", "epochs", "batch_size", "cohort", "reps", "threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
-    shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
-    shape = shape or _input_shape(args.model)
-    torch.set_num_threads(args.threads)
+    return args
 
+
+def _run(args: argparse.Namespace, shape: tuple[int, ...]) -> None:
+    """Time the three ways and print them."""
     prototype = build_model(args.model, num_classes=10, seed=0, input_shape=shape)
     settings = training.SGDSettings(batch_size=args.batch_size, **SETTINGS)
     generator = torch.Generator().manual_seed(0)
@@ -133,16 +142,25 @@ def main(argv: list[str] | None = None) -> None:
         "cohort of 1": (one, 1),
         f"cohort of {args.cohort}": (cohort, args.cohort),
     }
+    times = _time(ways, args.reps)
+    _report(args, times)
+
+
+def _time(ways: dict[str, tuple[Callable[[int], None], int]], reps: int) -> dict[str, list[float]]:
+    """Each way's seconds per client, rep by rep, the ways interleaved."""
     times: dict[str, list[float]] = {name: [] for name in ways}
-    for rep in range(args.reps + 1):  # the first rep warms up, untimed
+    for rep in range(reps + 1):  # the first rep warms up, untimed
         for name, (run, clients) in ways.items():
             start = time.perf_counter()
             run(rep)
             if rep:
                 times[name].append((time.perf_counter() - start) / clients)
-        if rep and (rep % 10 == 0 or rep == args.reps):
-            print(f"rep {rep}/{args.reps}", file=sys.stderr, flush=True)
+        if rep and (rep % 10 == 0 or rep == reps):
+            print(f"rep {rep}/{reps}", file=sys.stderr, flush=True)
+    return times
 
+
+def _report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
     steps = args.epochs * -(-args.samples // args.batch_size)
     print(
         f"{args.model}, {args.samples} samples, {args.epochs} epochs of batches of "

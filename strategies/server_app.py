@@ -189,14 +189,8 @@ def _run(
     family = config.family
     evaluate_fn = family.evaluate_fn(config) if family.evaluate_fn is not None else None
     evaluate_config = strategy.evaluate_config()
-    recorder.startup(f"waiting for {config.num_clients} nodes and their partitions")
-    strategy.federation.connect(
-        grid,
-        timeout=config.node_wait_timeout,
-        settled=SETTLED_SECONDS if simulated(grid) else None,
-    )
+    _connect(grid, config, strategy, recorder)
     started["partitions_known"] = time.time()
-    recorder.startup("nodes registered, partitions known; choosing the initial model")
     if checkpoint is not None:
         initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
         strategy.resume_after(recorder.records)
@@ -239,6 +233,19 @@ def _run(
         timeout=config.round_timeout,
     )
     return result, final
+
+
+def _connect(
+    grid: Grid, config: RunConfig, strategy: FedpersStrategy, recorder: RunRecorder
+) -> None:
+    """Wait for the run's nodes and learn their partitions, saying so."""
+    recorder.startup(f"waiting for {config.num_clients} nodes and their partitions")
+    strategy.federation.connect(
+        grid,
+        timeout=config.node_wait_timeout,
+        settled=SETTLED_SECONDS if simulated(grid) else None,
+    )
+    recorder.startup("nodes registered, partitions known; choosing the initial model")
 
 
 def _resumed_start(
