@@ -28,6 +28,7 @@ import functools
 import importlib
 import logging
 import pkgutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -256,28 +257,47 @@ def _load_built_in() -> None:
 BROKEN_EXTENSIONS: dict[str, str] = {}
 
 
-@functools.cache
-def load_extensions() -> None:
-    """Call, once per process, every function that installed packages declare in the
-    entry-point group ``fedpers.extensions`` (each registers algorithms, data sets or
-    models), after the built-in rows.
+class _Extensions:
+    """``load_extensions``: once per process, thread-safe, re-entrant for an extension
+    that asks for the table while it registers."""
 
-    An extension that fails (its import or its function raises) is left out with one
-    warning naming its entry point and package, and the algorithm rows it registered
-    before failing are removed: one broken package does not break the runs of every
-    other algorithm. Asking for its algorithm names it (``get``)."""
-    _load_built_in()
-    if _LOADING:  # an extension's function asked for a row (get, names): the table so far
-        return
-    _LOADING.append(True)
-    try:
-        for entry in entry_points(group=ENTRY_POINT_GROUP):
-            _load(entry)
-    finally:
-        _LOADING.clear()
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.loaded = False
+        self.loading = False
+
+    def __call__(self) -> None:
+        """Call, once per process, every function that installed packages declare in
+        the entry-point group ``fedpers.extensions`` (each registers algorithms, data
+        sets or models), after the built-in rows.
+
+        An extension that fails (its import or its function raises) is left out with
+        one warning naming its entry point and package, and the algorithm rows it
+        registered before failing are removed: one broken package does not break the
+        runs of every other algorithm. Asking for its algorithm names it (``get``).
+        Another thread asking meanwhile waits for the table to be complete (a
+        simulation's ServerApp and its ClientApp module load it at once); the loading
+        thread itself, inside an extension's function, gets the table so far."""
+        if self.loaded:
+            return
+        with self.lock:
+            if self.loaded or self.loading:
+                return
+            self.loading = True
+            try:
+                _load_built_in()
+                for entry in entry_points(group=ENTRY_POINT_GROUP):
+                    _load(entry)
+                self.loaded = True
+            finally:
+                self.loading = False
+
+    def cache_clear(self) -> None:
+        """Load again at the next call (tests that install an extension)."""
+        self.loaded = False
 
 
-_LOADING: list[bool] = []  # non-empty while load_extensions runs the extensions' functions
+load_extensions = _Extensions()
 
 
 def _load(entry: Any) -> None:

@@ -63,7 +63,15 @@ def _interrupt(command: list[str], watched: Path, rounds: int, signum: int) -> t
     rounds.jsonl) holds ``rounds`` lines; its exit status and output."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # as from a terminal: SIGINT handled (an xdist worker ignores it, and a child
+        # would inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 240
     try:
