@@ -68,7 +68,6 @@ def test_every_snippet_shows_its_imports() -> None:
 def test_every_snippet_runs_and_matches_the_code_it_quotes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fedpers.algorithms.ditto import DittoSettings
     from fedpers.data import sources
 
     algorithms.names()  # the table loaded (with the real register) before it is patched
@@ -83,8 +82,19 @@ def test_every_snippet_runs_and_matches_the_code_it_quotes(
     module = types.ModuleType("extending_doc")  # dataclasses look their module up
     monkeypatch.setitem(sys.modules, module.__name__, module)
     namespace = module.__dict__
-    for code in snippets():
-        exec(compile(code, str(DOC), "exec"), namespace)
+    # The example's module, imported by the last snippet while register_dataset and
+    # register_model are stubs, must not outlive the test (it would keep the stubs).
+    monkeypatch.delitem(sys.modules, "fedpers_server_momentum", raising=False)
+    try:
+        for code in snippets():
+            exec(compile(code, str(DOC), "exec"), namespace)
+        _check(namespace, captured)
+    finally:
+        sys.modules.pop("fedpers_server_momentum", None)
+
+
+def _check(namespace: dict[str, Any], captured: dict[str, list[Any]]) -> None:
+    from fedpers.algorithms.ditto import DittoSettings
 
     (row,) = namespace["ROWS"]
     real = algorithms.get("fedbabu")
