@@ -38,13 +38,10 @@ from fedpers.seeding import rng
 from fedpers.simulations.flags import (
     add_key_flags,
     output_parser,
-    parallelism,
-    resources,
     seeds_of,
     settings,
 )
-from fedpers.simulations.launch import LocalSimulation
-from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.runs import run_all
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table, write_summary
 
@@ -107,11 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = seeds_of(args)
     values = settings(args, SETTINGS, QUICK)
     keys, runs = _runs(args, seeds, values)
-    validate_runs(runs)
-    kwargs = resources(args)
-    out = prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    directories = run_all(args, runs)  # validated, --out prepared; interruptible, resumable
+    out = args.out.expanduser().resolve()
     figure3: dict[int, dict[str, dict[int, Path]]] = {
         s: {m: {} for m in FIGURE3_METHODS} for s in seeds
     }

@@ -58,11 +58,13 @@ def output_parser(
     quick_seeds: str = "1",
     quick: bool = True,
     prog: str | None = None,
+    resume: bool = True,
 ) -> argparse.ArgumentParser:
     """An argument parser with the flags every reproduction script takes; ``seeds`` is
     the script's default ``--seeds``, ``quick_seeds`` its default with ``--quick``;
     ``quick=False``: ``--quick`` is accepted (so that its refusal can say why) but not
-    offered in the help."""
+    offered in the help; ``resume=False``: no ``--resume`` (a script whose runs do not
+    go through ``runs.run_all``)."""
     parser = argparse.ArgumentParser(description=description, prog=prog)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
@@ -108,29 +110,34 @@ def output_parser(
         help="a small, fast version (for tests and CI)" if quick else argparse.SUPPRESS,
     )
 
-    _add_output_flags(parser, quick)
+    _add_output_flags(parser, quick, resume)
     return parser
 
 
-def _add_output_flags(parser: argparse.ArgumentParser, quick: bool) -> None:
+def _add_output_flags(parser: argparse.ArgumentParser, quick: bool, resume: bool) -> None:
     """``--overwrite``, ``--resume``, ``--discard-interrupted`` and ``--parallel``."""
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the results a previous run of this script left in --out (refused "
-        "where it holds interrupted runs: see --resume and --discard-interrupted)",
+        help="replace the results a previous run of this script left in --out"
+        + (
+            " (refused where it holds interrupted runs: see --resume and --discard-interrupted)"
+            if resume
+            else ""
+        ),
     )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue an interrupted run of this command in --out: finished runs are "
-        "kept, interrupted ones go on from their last round, the others start",
-    )
-    parser.add_argument(
-        "--discard-interrupted",
-        action="store_true",
-        help="with --overwrite: also delete interrupted runs that --resume could continue",
-    )
+    if resume:
+        parser.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue an interrupted run of this command in --out: finished runs are "
+            "kept, interrupted ones go on from their last round, the others start",
+        )
+        parser.add_argument(
+            "--discard-interrupted",
+            action="store_true",
+            help="with --overwrite: also delete interrupted runs that --resume could continue",
+        )
     parser.add_argument(
         "--parallel",
         type=int,

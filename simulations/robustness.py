@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "error: the reply sweep needs hypothesis: pip install 'fedpers[dev]', "
             "or --sweep-replies 0 to leave it out"
         )
-    out = prepare_output(args.out, overwrite=args.overwrite)
+    out = prepare_output(args.out, overwrite=args.overwrite, resumable=False)
     sweep = _reply_sweep(sweep_replies, seeds[0])
     if args.in_process:  # the fuzz cases through Flower, the attack table in process
         done = [
@@ -439,7 +439,7 @@ def _run_all(args: argparse.Namespace, runs: list[dict[str, Any]]) -> list[Path 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = output_parser(__doc__.split("\n\n")[0])
+    parser = output_parser(__doc__.split("\n\n")[0], resume=False)
     parser.add_argument(
         "--scale",
         type=float,

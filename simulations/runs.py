@@ -71,13 +71,19 @@ MARKER = ".fedpers-results"  # in every output directory a script made
 
 
 def prepare_output(
-    out: Path, *, overwrite: bool, resume: bool = False, discard_interrupted: bool = False
+    out: Path,
+    *,
+    overwrite: bool,
+    resume: bool = False,
+    discard_interrupted: bool = False,
+    resumable: bool = True,
 ) -> Path:
     """Create ``out``; refuse to clobber earlier results unless ``overwrite``, and then
     delete only a directory that a fedpers script made (it holds ``MARKER``), in which
     no run is writing (no run directory's lock is held) and which holds no interrupted
     run (unless ``discard_interrupted``). With ``resume``, keep what ``out`` holds (a
-    fedpers script's output directory).
+    fedpers script's output directory). ``resumable=False``: a script without
+    ``--resume`` (its interrupted runs are not kept from ``--overwrite``).
 
     Called before any run starts, so a wrong directory costs nothing.
     """
@@ -97,13 +103,13 @@ def prepare_output(
         return out
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            resumable = any(interrupt.resumable(d) for d in out.glob("runs/*"))
+            kept = resumable and any(interrupt.resumable(d) for d in out.glob("runs/*"))
             raise SystemExit(
                 f"error: {out} is not empty; "
-                + ("add --resume to continue its interrupted runs, " if resumable else "")
+                + ("add --resume to continue its interrupted runs, " if kept else "")
                 + "pass --overwrite to replace its contents or choose another --out"
             )
-        if not discard_interrupted:
+        if resumable and not discard_interrupted:
             interrupt.refuse_overwriting_resumable(out)
         if not (out / MARKER).is_file():
             raise SystemExit(

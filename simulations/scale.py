@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in sizes[engine]
     }
     validate_runs(list(runs.values()))
-    out = prepare_output(args.out, overwrite=args.overwrite)
+    out = prepare_output(args.out, overwrite=args.overwrite, resumable=False)
     machine = {"matmul_gflops": matmul_gflops(), "cores": os.cpu_count() or 1}
     result: dict[str, Any] = {"engines": {}, "rounds": args.rounds, "quick": args.quick}
     plain: dict[int, float] = {}
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _parser() -> Any:
-    parser = output_parser(__doc__.split("\n\n")[0])
+    parser = output_parser(__doc__.split("\n\n")[0], resume=False)
     parser.add_argument(
         "--sizes", default=",".join(str(s) for s in SIZES), help="clients, Flower's engine"
     )

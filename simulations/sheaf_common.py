@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 
 from fedpers.reports import read_summary
-from fedpers.simulations.flags import parallelism, resources, seeds_of
-from fedpers.simulations.launch import LocalSimulation
-from fedpers.simulations.runs import prepare_output, validate_runs
+from fedpers.simulations.flags import seeds_of
+from fedpers.simulations.runs import run_all
 from fedpers.simulations.stats import add_statistics, percentile
 from fedpers.simulations.tables import (
     interval,
@@ -119,11 +118,7 @@ def run_grid(
                         "run-name": f"{algorithm}-{label}{value}-seed{seed}",
                     }
                 )
-    validate_runs(runs)
-    kwargs = resources(args)
-    prepare_output(args.out, overwrite=args.overwrite)
-    with LocalSimulation() as simulation:
-        directories = simulation.run_all(runs, parallel=parallelism(args), **kwargs)
+    directories = run_all(args, runs)  # validated, --out prepared; interruptible, resumable
     result = _grid_summary(keys, directories, seeds, values, baselines)
     write_summary(args.out.expanduser().resolve(), result)
     return result

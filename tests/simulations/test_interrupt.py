@@ -223,3 +223,18 @@ def test_overwrite_keeps_interrupted_runs_unless_told_twice(tmp_path: Path) -> N
     elsewhere.mkdir()
     with pytest.raises(SystemExit, match=r"is not such a directory"):
         prepare_output(elsewhere, overwrite=False, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("module", "offered"),
+    [("fedrep_images", True), ("sheaf_shift", True), ("fedrep_linear", True), ("scale", False)],
+)
+def test_resume_is_offered_by_the_scripts_that_resume(
+    module: str, offered: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    script = importlib.import_module(f"fedpers.simulations.{module}")
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    assert ("[--resume]" in capsys.readouterr().out) is offered
