@@ -94,17 +94,23 @@ def resumable(directory: Path) -> bool:
     return (directory / CHECKPOINT_FILE).is_file() and not (directory / SUMMARY_FILE).exists()
 
 
+def directory_of(run: Mapping[str, Any]) -> Path:
+    """The directory a run writes (its resolved ``results-dir`` and ``run-name``)."""
+    from fedpers.results import run_directory
+    from fedpers.simulations.launch import resolved_config
+
+    config = resolved_config(run)
+    return run_directory(config.results_dir, config.run_name)
+
+
 def plan(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
     """``--resume``: the runs to start (an interrupted one with ``resume = true``; one
     without a checkpoint afresh, its directory emptied) and the indices of the finished
     ones, kept as they are."""
-    from fedpers.simulations.launch import resolved_config
-
     pending: list[dict[str, Any]] = []
     finished: list[int] = []
     for index, run in enumerate(runs):
-        config = resolved_config(run)
-        directory = Path(config.results_dir) / config.run_name
+        directory = directory_of(run)
         if (directory / SUMMARY_FILE).exists():
             finished.append(index)
         elif resumable(directory):
@@ -153,7 +159,7 @@ def report(out: Path, runs: Sequence[Mapping[str, Any]], signum: int) -> str:
 
     finished, kept = 0, []
     for run in runs:
-        directory = Path(str(run["results-dir"])) / str(run["run-name"])
+        directory = directory_of(run)
         if (directory / SUMMARY_FILE).exists():
             finished += 1
             continue

@@ -200,7 +200,7 @@ def run_all(args: argparse.Namespace, runs: Sequence[Mapping[str, Any]]) -> list
         raise SystemExit(128 + signum) from None
     directories = iter(done)
     return [
-        run_directory_of(run) if index in finished else next(directories)
+        interrupt.directory_of(run) if index in finished else next(directories)
         for index, run in enumerate(runs)
     ]
 
@@ -216,14 +216,6 @@ def _run_pending(
         return cast(list[Path], run_in_process_pool(runs, parallelism(args), keep_going=False))
     with LocalSimulation() as simulation:
         return simulation.run_all(runs, parallel=parallelism(args), **kwargs)
-
-
-def run_directory_of(run: Mapping[str, Any]) -> Path:
-    """The directory a run writes (its ``results-dir`` and ``run-name``)."""
-    from fedpers.simulations.launch import resolved_config
-
-    config = resolved_config(run)
-    return Path(config.results_dir).expanduser().resolve() / config.run_name
 
 
 def batched(runs: Sequence[Mapping[str, Any]]) -> bool:
