@@ -672,17 +672,12 @@ class Plan:
         index = self.index[s, :, :width].to(device)
         real = (torch.arange(width)[None, :] < self.sizes[s][:, None]).to(device)
         rows = torch.arange(data.size, device=device)[:, None]
-        if data.size == 1:  # the client's own rows, gathered as a loop over it gathers them
-            xb, yb = data.x[0][index[0]][None], data.y[0][index[0]][None]
-        else:
-            xb, yb = data.x[rows, index], data.y[rows, index]
+        xb, yb = data.x[rows, index], data.y[rows, index]
         if augment is not None and self.augment is not None:
             xb = augment.apply(xb, tuple(p[s, :, :width] for p in self.augment))
         weight = real.to(xb.dtype if xb.is_floating_point() else torch.float32)
         if sample_weights is not None:
-            weight = weight * (
-                sample_weights[0][index[0]][None] if data.size == 1 else sample_weights[rows, index]
-            )
+            weight = weight * sample_weights[rows, index]
         count = self.sizes[s].clamp(min=1).to(weight.dtype).to(device)
         extra = None if self.extra is None else pytree.tree_map(lambda t: t[s], self.extra)
         active = (self.sizes[s] > 0).to(device)

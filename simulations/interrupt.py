@@ -155,22 +155,23 @@ def _rounds(directory: Path) -> int:
 def report(out: Path, runs: Sequence[Mapping[str, Any]], signum: int) -> str:
     """After the runs' processes stopped: ``failure.json`` in every run directory that
     did not finish, and the lines telling the user what was kept and how to go on."""
+    from fedpers.results import run_directory
     from fedpers.simulations.launch import resolved_config
 
+    name = signal.Signals(signum).name
     finished, kept = 0, []
     for run in runs:
-        directory = directory_of(run)
+        config = resolved_config(run)
+        directory = run_directory(config.results_dir, config.run_name)
         if (directory / SUMMARY_FILE).exists():
             finished += 1
             continue
         if not directory.exists():
             continue
-        rounds = record_interruption(directory, f"interrupted by {signal.Signals(signum).name}")
-        (directory / LOCK_FILE).unlink(missing_ok=True)
-        if rounds is not None:
-            total = resolved_config(run).num_rounds
-            kept.append(f"{directory.name} {rounds}/{total} rounds")
-    name = signal.Signals(signum).name
+        rounds = record_interruption(directory, f"interrupted by {name}")
+        if rounds is not None:  # its lock was free: no process of the run is left
+            (directory / LOCK_FILE).unlink(missing_ok=True)
+            kept.append(f"{directory.name} {rounds}/{config.num_rounds} rounds")
     what = ", ".join(kept) if kept else "no round of an unfinished run"
     return (
         f"interrupted by {name}: {finished} of {len(runs)} runs finished; kept {what}; "

@@ -36,7 +36,13 @@ from fedpers import privacy
 from fedpers.atomic import write_text
 from fedpers.config import RunConfig, load_run_config
 from fedpers.logs import strip_ansi
-from fedpers.results import FAILURE_FILE, SUMMARY_FILE, ResultsExistError, run_directory
+from fedpers.results import (
+    FAILURE_FILE,
+    SUMMARY_FILE,
+    ResultsExistError,
+    read_summary,
+    run_directory,
+)
 
 PROJECT = Path(__file__).resolve().parent.parent
 # In a checkout PROJECT holds the project's pyproject.toml (the Flower app); installed
@@ -198,7 +204,7 @@ def flower_environment(
 def done_line(name: str, directory: Path) -> str:
     """``name | done | results in DIR | start-up S s, rounds R s``: a finished run's last
     line, from its summary (the start-up apart from the rounds)."""
-    summary = json.loads((directory / SUMMARY_FILE).read_text())
+    summary = read_summary(directory)
     wall, startup = summary.get("wall_seconds"), summary.get("startup_seconds")
     timing = (
         f"start-up {startup:.1f} s, rounds {wall - startup:.1f} s"
