@@ -640,7 +640,6 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
         self._check_trim()
         self._check_capacity()
         self._check_faults()
-        self._check_resume()
 
     def _check_model_fits_data(self) -> None:
         data_shape = self.input_shape
@@ -765,14 +764,26 @@ class RunConfig(  # bases in reverse: dataclasses orders fields from the last ba
                 "fraction-train or num-clients."
             )
 
-    def _check_resume(self) -> None:
+    def check_client_state(self) -> None:
+        """A resumed *simulated* run of an algorithm that keeps state on its clients
+        needs their snapshots (``client-state-dir``). Not part of the key checks: on
+        devices the snapshots are in each SuperNode's ``state-dir`` (node config), which
+        the resumed run's server checks node by node before its first round
+        (``fedpers.strategies.resume``); the simulated ServerApp and the scripts call
+        this before anything starts.
+
+        Raises
+        ------
+        ConfigError
+            Naming the key and the fix.
+        """
         if self.resume and self.spec.keeps_state and not self.client_state_dir:
             raise ConfigError(
                 f"run-config key 'resume' = true, but algorithm '{self.algorithm}' keeps "
                 "state on its clients and 'client-state-dir' is empty: the resumed run "
-                "would restart every client from scratch. Set 'client-state-dir' (in "
-                "simulation; on devices, give each SuperNode --node-config state-dir=...) "
-                "in the interrupted run's configuration and in the resumed one."
+                "would restart every client from scratch. Set 'client-state-dir' in the "
+                "interrupted run's configuration and in the resumed one (on devices, "
+                "give each SuperNode --node-config state-dir=... instead)."
             )
 
 

@@ -22,6 +22,33 @@ def route_to_flower(level: int = logging.INFO) -> None:
         package_logger.propagate = False
 
 
+class ExplainedErrors(logging.Filter):
+    """Flower logs an exception that ends a ServerApp with its traceback (``ServerApp
+    raised an exception`` and 20 lines); for the errors whose message already says what
+    was wrong and how to fix it (a bad key, a refused resume, too few nodes) the
+    traceback only hides that line. This filter, on Flower's ``flwr`` logger, turns such
+    a record into that one line: ``ServerApp stopped: ConfigError: ...``."""
+
+    def __init__(self, explained: tuple[type[BaseException], ...]) -> None:
+        super().__init__()
+        self.explained = explained
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.explained):
+            record.msg, record.args = "ServerApp stopped: %s: %s", (type(error).__name__, error)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def explain_errors(explained: tuple[type[BaseException], ...]) -> None:
+    """Install ``ExplainedErrors`` on Flower's logger (once per process)."""
+    flower = logging.getLogger("flwr")
+    for old in [f for f in flower.filters if isinstance(f, ExplainedErrors)]:
+        flower.removeFilter(old)
+    flower.addFilter(ExplainedErrors(explained))
+
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|NotFound)\b.*:")
 

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.atomic import append_text, write_text
-from fedpers.checkpoint import ResumeError
+from fedpers.checkpoint import NOT_COMPUTED, ResumeError
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,10 @@ def run_directory(results_dir: str, run_name: str) -> Path:
     return Path(results_dir).expanduser().resolve() / run_name
 
 
+class RunStoppedError(RuntimeError):
+    """The run was stopped from outside (``RunRecorder.stop``) before it finished."""
+
+
 class RunRecorder:
     """Writes a run's results directory and logs one progress line per round.
 
@@ -166,6 +171,11 @@ class RunRecorder:
         self.records: list[RoundRecord] = []
         self.started = time.monotonic()
         self._lock = -1
+        # Flower may stop the run from another thread (a simulation's main thread) or
+        # from a signal handler in this one (a deployed ServerApp): ``stop`` and the
+        # writes of a round hold this re-entrant lock, and nothing is written after it.
+        self._writing = threading.RLock()
+        self.stopped = False
         try:
             if resume_after is not None:
                 self._lock = _claim(directory)
@@ -217,10 +227,12 @@ class RunRecorder:
                 "or start afresh (resume = false)"
             )
         stored = read_config(self.directory)
+        # Where things go and what is logged may change (client-state-dir, results-dir,
+        # ...: NOT_COMPUTED); what is computed may not.
         differing = sorted(
             key
             for key in set(stored) | set(config)
-            if key != "resume" and stored.get(key) != config.get(key)
+            if key not in NOT_COMPUTED and stored.get(key) != config.get(key)
         )
         if differing:
             raise ResumeError(
@@ -256,6 +268,11 @@ class RunRecorder:
             rows = [row for row in rows if row["round"] <= resume_after]
             write_text(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
         self.records = kept
+        # config.json keeps the run as started, with where things go now (a resume may
+        # have moved client-state-dir, ...); its 'resume' stays the first start's.
+        moved = {**config, "resume": stored.get("resume", False)}
+        if moved != stored:
+            _write_json_atomic(self.directory / CONFIG_FILE, moved)
         (self.directory / FAILURE_FILE).unlink(missing_ok=True)
 
     def fail(self, reason: str) -> None:
@@ -277,6 +294,33 @@ class RunRecorder:
         finally:
             self.release()
 
+    @contextmanager
+    def writing(self) -> Iterator[bool]:
+        """Hold off ``stop`` while a write of the run's own (its checkpoint) goes on;
+        yields False once the run was stopped: write nothing then."""
+        with self._writing:
+            yield not self.stopped
+
+    def stop(self, reason: str) -> int | None:
+        """The run was stopped from outside (``flwr stop``, a signal to the ServerApp's
+        process): write ``failure.json`` (the reason, the rounds kept, ``interrupted``),
+        release the directory and write nothing after it. The rounds kept; None where
+        the run had already finished, failed or been stopped."""
+        with self._writing:
+            if self.stopped or self._lock < 0:
+                return None
+            self.stopped = True
+            try:
+                rounds = len(self.records)
+                payload = {"reason": reason, "rounds_completed": rounds, "interrupted": True}
+                _write_json_atomic(self.directory / FAILURE_FILE, payload)
+                return rounds
+            except OSError as error:
+                logger.error("%s: cannot write %s (%s)", self.directory, FAILURE_FILE, error)
+                return None
+            finally:
+                self.release()
+
     def release(self) -> None:
         """Let another run write this directory (after ``finish`` or ``fail``)."""
         board = getattr(self, "_board", None)
@@ -297,6 +341,15 @@ class RunRecorder:
         OSError
             If a line cannot be written; the files keep their earlier rounds, whole.
         """
+        with self._writing:
+            if self.stopped:
+                logger.debug(
+                    "%s: round %d not recorded: the run was stopped", self.name, record.round
+                )
+                return
+            self._record(record)
+
+    def _record(self, record: RoundRecord) -> None:
         self._check_held("record a round")
         if record.clients:
             line = _json_line({"round": record.round, "clients": record.clients})
@@ -350,7 +403,21 @@ class RunRecorder:
     ) -> dict[str, Any]:
         """Write ``summary.json`` and one PNG per metric in ``plots`` (drawn by ``plot``,
         ``fedpers.reports.plot_rounds``), then release the directory. If a write fails,
-        the failure is recorded (``fail``) and raised."""
+        the failure is recorded (``fail``) and raised.
+
+        Raises
+        ------
+        RunStoppedError
+            If the run was stopped (``stop``): nothing is written.
+        """
+        with self._writing:
+            if self.stopped:
+                raise RunStoppedError(f"{self.directory}: the run was stopped; no summary written")
+            return self._finish(summary, plots, plot)
+
+    def _finish(
+        self, summary: Mapping[str, Any], plots: Iterable[str], plot: Plot | None
+    ) -> dict[str, Any]:
         self._check_held("finish")
         final = {
             **summary,

@@ -57,6 +57,9 @@ PROGRESS = re.compile(r"\| (round \d+/\d+|start-up) \|")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+STOP_RECORD_WAIT = 5.0  # seconds a run's files may lag behind its log stream's end
+
+
 class FlowerRunError(RuntimeError):
     """A Flower run ended without writing its summary."""
 
@@ -485,6 +488,13 @@ class LocalSimulation:
             f"{nodes} virtual nodes"
         )
         code = self._stream(command, log_path)
+        # A run stopped by Flower (`flwr stop`) ends the stream at once; its ServerApp
+        # records the stop a moment later (strategies/stopping.py).
+        deadline = time.monotonic() + STOP_RECORD_WAIT
+        while not (directory / SUMMARY_FILE).exists() and not (directory / FAILURE_FILE).exists():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if (directory / SUMMARY_FILE).exists():
             shutil.copy(log_path, directory / "flower.log")
             self.echo(done_line(config.run_name, directory))
@@ -554,6 +564,7 @@ def resolved_config(overrides: Mapping[str, Any]) -> RunConfig:
             }
         )
     privacy.run_mechanism(config)
+    config.check_client_state()
     return config
 
 

@@ -27,19 +27,22 @@ from fedpers.checkpoint import (
 )
 from fedpers.config import ConfigError, Engine, RunConfig
 from fedpers.families import RunSummary
-from fedpers.logs import route_to_flower
+from fedpers.logs import explain_errors, route_to_flower
 from fedpers.protocol import FinalTestResult
 from fedpers.results import (
     SUMMARY_FILE,
+    ResultsExistError,
     RoundRecord,
     RunRecorder,
+    RunStoppedError,
     final_mean,
     read_token,
     run_directory,
     write_failure,
     write_json,
 )
-from fedpers.strategies import build_strategy
+from fedpers.strategies import build_strategy, stopping
+from fedpers.strategies.federation import PopulationError
 from fedpers.strategies.resume import restore_devices
 from fedpers.strategies.rounds import BYTES_RECEIVED, BYTES_SENT, EVALUATE_BYTES
 
@@ -71,6 +74,9 @@ def simulated(grid: Grid) -> bool:
     return not isinstance(grid, HttpGrid)
 
 
+# Errors whose message names what was wrong and the fix: Flower logs them as one line
+# ("ServerApp stopped: ..."), not a traceback (fedpers.logs.ExplainedErrors).
+EXPLAINED = (ConfigError, ResumeError, PopulationError, ResultsExistError)
 INITIAL_FILE = "initial.json"  # server metrics of the starting model (server-evaluated runs)
 
 
@@ -101,8 +107,11 @@ def main(grid: Grid, context: Context) -> None:
     holds; the keys every run has are added here."""
     started = {"serverapp_started": time.time()}
     route_to_flower()
+    explain_errors(EXPLAINED)
     config = RunConfig.from_mapping(context.run_config)
     check_engine(config, grid)
+    if simulated(grid):  # deployed, each node's state-dir is checked before round 1
+        config.check_client_state()
 
     run_name = (
         config.run_name or f"{config.algorithm}-{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -128,14 +137,22 @@ def main(grid: Grid, context: Context) -> None:
     # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
     # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
     waits = contextlib.nullcontext() if simulated(grid) else flower_waits.object_backoff()
+    # `flwr stop` (or a signal to this process) ends the run through Flower's exit
+    # handlers: the run records it, and writes nothing after (strategies/stopping.py).
+    keys = stopping.resume_keys(config, run_name, simulated=simulated(grid))
     try:
-        with waits:
-            result, final = _run(grid, config, strategy, recorder, checkpoint, started)
-        _save_arrays(directory / "final_arrays.npz", result.arrays)
-        summary = _summary(config, strategy, recorder, final, started)
-        written = recorder.finish(
-            summary, plots=[config.family.progress_metric], plot=reports.plot_rounds
-        )
+        with stopping.on_flower_exit(stopping.stop_handler(recorder, keys)):
+            with waits:
+                result, final = _run(grid, config, strategy, recorder, checkpoint, started)
+            if recorder.stopped:
+                return
+            _save_arrays(directory / "final_arrays.npz", result.arrays)
+            summary = _summary(config, strategy, recorder, final, started)
+            written = recorder.finish(
+                summary, plots=[config.family.progress_metric], plot=reports.plot_rounds
+            )
+    except RunStoppedError:
+        return
     except Exception as error:
         recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise
@@ -207,13 +224,22 @@ def _run(
 
     def on_round(record: RoundRecord) -> None:
         recorder.record(record)
+        if recorder.stopped:  # by Flower, in another thread: no further round
+            raise RunStoppedError(f"{directory}: stopped during round {record.round}")
         checkpoints.trained_in(record.round, record.trained)
 
     def on_checkpoint(server_round: int, arrays: ArrayRecord) -> None:
-        checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
+        with recorder.writing() as running:  # a stopped run's checkpoint stays as it was
+            if running:
+                checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
 
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
-    recorder.startup("initial model ready; round 1 starts")
+    recorder.startup(
+        "initial model ready; round 1 starts"
+        if checkpoint is None
+        else f"checkpoint of round {checkpoint.round} and the nodes' state restored; "
+        f"round {checkpoint.round + 1} starts"
+    )
     result = strategy.start(
         grid,
         initial,

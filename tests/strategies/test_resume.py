@@ -22,6 +22,7 @@ from fedpers.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     CheckpointError,
+    ResumeError,
     configuration_digest,
     load_checkpoint,
     save_checkpoint,
@@ -67,9 +68,13 @@ def _killed_from_round_3(node: int, message: Any) -> str | None:
     return "killed" if training and late else None
 
 
-def test_resume_without_client_state_refuses_naming_the_key() -> None:
+def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'client-state-dir' is empty"):
-        load_run_config({"algorithm": "fedrep", "resume": True})
+        load_run_config({"algorithm": "fedrep", "resume": True}).check_client_state()
+    # the simulated ServerApp refuses it before it writes anything
+    with pytest.raises(ConfigError, match="'client-state-dir' is empty"):
+        _serve(tmp_path, algorithm="fedrep", resume=True, run_name="r")
+    assert not (tmp_path / "r").exists()
     for algorithm in (
         "fedgmm",
         "sheaf-frl",
@@ -81,10 +86,11 @@ def test_resume_without_client_state_refuses_naming_the_key() -> None:
         "fed-mtl",
         "pfedme",
     ):
+        config = load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
         with pytest.raises(ConfigError, match="keeps state on its clients"):
-            load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
+            config.check_client_state()
     # FedAvg keeps nothing on its clients: its checkpoint alone resumes it exactly
-    assert load_run_config({"algorithm": "fedavg", "resume": True}).resume
+    load_run_config({"algorithm": "fedavg", "resume": True}).check_client_state()
 
 
 # SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
@@ -424,3 +430,33 @@ def test_deleted_client_snapshots_refuse_the_resume(tmp_path: Path, algorithm: s
     for server_round in (1, 2):
         _snapshot(tmp_path, 0, server_round).unlink()
     _assert_refused(tmp_path, r"partition 0: no snapshot of round 2 or later", algorithm=algorithm)
+
+
+def test_a_resume_may_move_where_things_go_but_not_what_is_computed(tmp_path: Path) -> None:
+    """The snapshots moved to another client-state-dir: the resume takes the new folder
+    (and config.json says so); a key that changes what is computed is refused."""
+    first, moved = tmp_path / "s", tmp_path / "moved"
+    values = run_config(
+        **{
+            **SETTINGS,
+            "num_rounds": 4,
+            "client_state_dir": str(first),
+            "results_dir": str(tmp_path),
+            "run_name": "run",
+        }
+    )
+    with pytest.raises(RoundFailedError):
+        _serve(
+            tmp_path,
+            InProcessGrid(client_app, values, values["num-clients"], fail=_killed_from_round_3),
+            client_state_dir=str(first),
+            num_rounds=4,
+        )
+    with pytest.raises(ResumeError, match="under another configuration"):
+        _serve(tmp_path, resume=True, client_state_dir=str(first), num_rounds=4, seed=7)
+    shutil.move(first, moved)
+    directory = _serve(tmp_path, resume=True, client_state_dir=str(moved), num_rounds=4)
+    assert read_summary(directory)["rounds"] == 4
+    config = read_config(directory)
+    assert config["client-state-dir"] == str(moved)
+    assert config["resume"] is False  # the run as first started, with where things go now
