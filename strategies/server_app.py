@@ -234,12 +234,7 @@ def _run(
                 checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
 
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
-    recorder.startup(
-        "initial model ready; round 1 starts"
-        if checkpoint is None
-        else f"checkpoint of round {checkpoint.round} and the nodes' state restored; "
-        f"round {checkpoint.round + 1} starts"
-    )
+    recorder.startup(_first_round_line(checkpoint))
     result = strategy.start(
         grid,
         initial,
@@ -259,6 +254,16 @@ def _run(
         timeout=config.round_timeout,
     )
     return result, final
+
+
+def _first_round_line(checkpoint: Checkpoint | None) -> str:
+    """The start-up's last line: where the rounds start."""
+    if checkpoint is None:
+        return "initial model ready; round 1 starts"
+    return (
+        f"checkpoint of round {checkpoint.round} and the nodes' state restored; "
+        f"round {checkpoint.round + 1} starts"
+    )
 
 
 def _connect(
