@@ -27,10 +27,20 @@ if TYPE_CHECKING:
 def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Replace ``path`` with ``np.savez`` of ``arrays`` (in their order; the bytes are
     those ``np.savez`` writes, no ``.npz`` suffix is added)."""
+    import zipfile
+
     import numpy as np  # here: fedpers.results writes text through this module, numpy-free
 
-    with _replacing(path, "wb") as handle:
-        np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwargs
+    # np.savez's own loop (a stored zip of NAME.npy members), without its keyword
+    # arguments: an array named 'file' made np.savez raise TypeError and one named
+    # 'allow_pickle' was taken for the option and silently left out.
+    with (
+        _replacing(path, "wb") as handle,
+        zipfile.ZipFile(handle, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf,
+    ):
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 def write_text(path: Path, text: str) -> None:

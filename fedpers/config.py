@@ -51,6 +51,7 @@ from fedpers.settings import (
     check_group,
     positive,
     setting,
+    step_size,
     within,
 )
 from fedpers.settings import summary as group_summary
@@ -255,7 +256,7 @@ class TrainingSettings:
         at_least("head-epochs", self.head_epochs, 0)
         at_least("finetune-epochs", self.finetune_epochs, 0)
         at_least("batch-size", self.batch_size, 1)
-        positive("lr", self.lr)
+        step_size("lr", self.lr)
         at_least("momentum", self.momentum, 0.0)
         at_least("weight-decay", self.weight_decay, 0.0)
         if self.momentum >= 1.0:
@@ -857,7 +858,14 @@ class Key:
                 raise ConfigError(f"run-config key '{self.key}' = {value} must be a finite number.")
             return float(value)
         if kind is int and isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            if not INT64[0] <= value <= INT64[1]:
+                raise ConfigError(
+                    f"run-config key '{self.key}' = {value} does not fit a signed 64-bit "
+                    "integer, the largest Flower sends; give a smaller value."
+                )
+            return value
         if isinstance(value, str) and "\x00" in value:
             raise ConfigError(
                 f"run-config key '{self.key}' = {value!r} holds a NUL character, which no "
@@ -869,6 +877,9 @@ class Key:
             f"run-config key '{self.key}' = {value!r} has type {type(value).__name__}; "
             f"it must be {kind.__name__}."
         )
+
+
+INT64 = (-(2**63), 2**63 - 1)  # what an int run-config value may be (Flower's wire)
 
 
 def schema() -> dict[str, Key]:

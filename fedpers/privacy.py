@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedpers.aggregation import weighted_mean
-from fedpers.settings import ConfigError, at_least, finite, setting, within
+from fedpers.settings import ConfigError, at_least, finite, setting, step_size, within
 
 if TYPE_CHECKING:
     from fedpers.config import RunConfig
@@ -147,7 +147,7 @@ class PrivacySettings:
         finite("dp-target-epsilon", self.dp_target_epsilon, 0, note=" (0: use dp-noise-multiplier)")
         within("dp-delta", self.dp_delta, "[0, 1)")
         at_least("dp-min-clients", self.dp_min_clients, 0)
-        finite("dp-server-lr", self.dp_server_lr, 0, strict=True)
+        step_size("dp-server-lr", self.dp_server_lr)
         if self.dp is DpMode.DISTRIBUTED and self.dp_target_epsilon > 0:
             raise ConfigError(
                 "run-config key 'dp-target-epsilon' works with dp = 'central' only: under "
@@ -164,7 +164,7 @@ class PrivacySettings:
 
     def _check_adaptive_clip(self) -> None:
         within("dp-clip-quantile", self.dp_clip_quantile, "[0, 1)")
-        finite("dp-clip-lr", self.dp_clip_lr, 0, strict=True)
+        step_size("dp-clip-lr", self.dp_clip_lr)
         finite(
             "dp-clip-count-std",
             self.dp_clip_count_std,

@@ -226,7 +226,19 @@ class RunRecorder:
                 f"cannot resume {self.directory}: its {CONFIG_FILE} is missing; restore it, "
                 "or start afresh (resume = false)"
             )
-        stored = read_config(self.directory)
+        try:
+            stored = read_config(self.directory)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ResumeError(
+                f"cannot resume {self.directory}: its {CONFIG_FILE} does not read as JSON "
+                f"({error}); restore the run's own, or start afresh (resume = false)"
+            ) from None
+        if not isinstance(stored, dict):
+            raise ResumeError(
+                f"cannot resume {self.directory}: its {CONFIG_FILE} holds "
+                f"{type(stored).__name__}, not the run's configuration (a JSON object); "
+                "restore the run's own, or start afresh (resume = false)"
+            )
         # Where things go and what is logged may change (client-state-dir, results-dir,
         # ...: NOT_COMPUTED); what is computed may not.
         differing = sorted(

@@ -83,6 +83,23 @@ def finite(key: str, value: float, low: float, *, strict: bool = False, note: st
     raise ConfigError(f"run-config key '{key}' = {value} must be finite and {bound}{note}.")
 
 
+STEP_LIMIT = 1e3  # the largest step size (learning rate, server step) a key accepts
+
+
+def step_size(key: str, value: float, *, zero: bool = False) -> None:
+    """Check a step size: finite, greater than 0 (at least 0 with ``zero``) and at most
+    ``STEP_LIMIT``. A larger step makes every update overflow or void the model (1e300
+    was accepted before and voided every round); the runs here use 0.01 to 1."""
+    low_ok = value >= 0 if zero else value > 0
+    if math.isfinite(value) and low_ok and value <= STEP_LIMIT:
+        return
+    low = "at least 0" if zero else "greater than 0"
+    raise ConfigError(
+        f"run-config key '{key}' = {value} must be {low} and at most {STEP_LIMIT:g} (a "
+        "step size; larger ones overflow the model)."
+    )
+
+
 def positive(key: str, value: float) -> None:
     """Check ``value > 0``."""
     if not value > 0:

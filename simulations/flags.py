@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -222,30 +223,20 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
     """
     from flwr.common.config import parse_config_args
 
-    from fedpers.config import ConfigError, run_config_table, schema
+    from fedpers.config import schema
 
     values: dict[str, Any] = {}
     for item in items:
         path = Path(item).expanduser()
+        if _is_directory(path):
+            raise SystemExit(
+                f"error: --run-config {item} is a directory; give a run-config file "
+                "(FILE.toml) or keys (\"num-rounds=20 dataset='digits'\")"
+            )
         if item.endswith(".toml") or _is_file(path):
-            try:
-                with path.open("rb") as handle:
-                    document = tomllib.load(handle)
-            except (OSError, tomllib.TOMLDecodeError) as error:
-                raise SystemExit(f"error: --run-config {item}: {error}") from None
-            try:
-                table = run_config_table(document, item)
-            except ConfigError as error:
-                raise SystemExit(f"error: --run-config {error}") from None
-            given = {k: v for k, v in table.items() if k != "description"}
+            given = _file_keys(path, item)
         else:
-            try:
-                given = parse_config_args([item])
-            except Exception as error:  # Flower raises ValueError or tomli's error
-                raise SystemExit(
-                    f"error: --run-config '{item}' is not Flower's \"key=value ...\" syntax "
-                    f"({error}); quote strings inside: \"dataset='digits' num-rounds=20\""
-                ) from None
+            given = _inline_keys(item, parse_config_args)
         for key in given:
             if key not in schema():
                 close = difflib.get_close_matches(key, list(schema()), n=1)
@@ -256,6 +247,63 @@ def run_config_values(items: Sequence[str]) -> dict[str, Any]:
                 )
         values.update(given)
     return values
+
+
+def _file_keys(path: Path, item: str) -> dict[str, Any]:
+    """The run-config keys of a TOML file (its top-level keys, or its
+    ``[tool.flwr.app.config]`` table and then no other top-level key)."""
+    from fedpers.config import ConfigError, run_config_table
+
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except UnicodeDecodeError:
+        raise SystemExit(
+            f"error: --run-config {item}: not a text file (TOML is UTF-8 text); give a "
+            "run-config file such as conf/fedrep_table1.toml"
+        ) from None
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise SystemExit(f"error: --run-config {item}: {error}") from None
+    try:
+        table = run_config_table(document, item)
+    except ConfigError as error:
+        raise SystemExit(f"error: --run-config {error}") from None
+    # a pyproject.toml's other tables ([project], ...) are not run config; a key there is
+    stray = sorted(k for k, v in document.items() if k != "tool" and not isinstance(v, dict))
+    if table is not document and stray:
+        raise SystemExit(
+            f"error: --run-config {item}: top-level key(s) {stray} beside its "
+            "[tool.flwr.app.config] table would be ignored; move them into the table"
+        )
+    return {k: v for k, v in table.items() if k != "description"}
+
+
+FLOWER_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")  # flwr's parse_config_args
+
+
+def _inline_keys(item: str, parse: Any) -> dict[str, Any]:
+    """The keys of Flower's ``"key=value ..."`` string; words that are not a pair,
+    which Flower drops without a word, are refused."""
+    hint = "quote strings inside: \"dataset='digits' num-rounds=20\""
+    if stray := FLOWER_PAIR.sub(" ", item).split():
+        raise SystemExit(
+            f"error: --run-config '{item}': {stray} not of the form key=value (Flower would "
+            f"drop it without a word); {hint}"
+        )
+    try:
+        return dict(parse([item]))
+    except Exception as error:  # Flower raises ValueError or tomli's error
+        raise SystemExit(
+            f"error: --run-config '{item}' is not Flower's \"key=value ...\" syntax "
+            f"({error}); {hint}"
+        ) from None
+
+
+def _is_directory(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def missing_files(configs: Sequence[str]) -> str | None:

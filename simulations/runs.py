@@ -90,6 +90,8 @@ def prepare_output(
     from fedpers.simulations import interrupt
 
     out = out.expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --out {out} is a file, not a folder; choose another --out")
     if resume and overwrite:
         raise SystemExit(
             "error: --resume keeps what --out holds and --overwrite deletes it; give one"
@@ -125,8 +127,14 @@ def prepare_output(
                 f"error: --overwrite would delete {out}, but {error}; wait until that run "
                 "ends (or stop it), or choose another --out"
             ) from None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("made by a fedpers script; --overwrite may delete this folder\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("made by a fedpers script; --overwrite may delete this folder\n")
+    except OSError as error:
+        raise SystemExit(
+            f"error: --out {out} cannot be made or written ({error.strerror}: "
+            f"{error.filename}); choose a folder you can write"
+        ) from None
     return out
 
 

@@ -12,12 +12,15 @@ row, its split criteria and the names its server puts on the wire.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import at_least, setting
+from fedpers.settings import ConfigError, at_least, setting
+
+if TYPE_CHECKING:
+    from fedpers.config import RunConfig
 
 # The server's state is a model per cluster under this prefix and each seen client's
 # cluster (float64, one entry per partition) under ASSIGNMENT.
@@ -27,6 +30,9 @@ ASSIGNMENT = "clusters.assignment"
 # too small to trim, which kept their model.
 CLUSTERS = "clusters"
 CLUSTERS_UNCHANGED = "clusters-unchanged"
+
+
+MAX_CLUSTERS = 16  # clustered-fl-max-clusters' default
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class ClusteredFLSettings:
         "(some client is far from one; chosen on validation, FedEM's 1.6)",
     )
     clustered_fl_max_clusters: int = setting(
-        16,
+        MAX_CLUSTERS,
         "Clustered FL: the most clusters a run may hold (the state keeps a model for each; "
         "chosen on validation)",
     )
@@ -57,6 +63,19 @@ class ClusteredFLSettings:
         at_least("clustered-fl-max-clusters", self.clustered_fl_max_clusters, 1)
 
 
+def _clusters_fit_clients(run: RunConfig) -> None:
+    """The state keeps a model per possible cluster, and a cluster needs a client: more
+    than ``num-clients`` clusters (or than the default 16, for fewer clients) can never
+    be used, only held (100,000 with 4 clients ended in MemoryError)."""
+    most = run.group(ClusteredFLSettings).clustered_fl_max_clusters
+    limit = max(run.num_clients, MAX_CLUSTERS)
+    if most > limit:
+        raise ConfigError(
+            f"run-config key 'clustered-fl-max-clusters' = {most} is more clusters than "
+            f"{run.num_clients} clients can form; give at most {limit}."
+        )
+
+
 ROWS = (
     AlgorithmSpec(
         name="clustered-fl",
@@ -64,7 +83,10 @@ ROWS = (
         shared=MODEL_PARTS,
         strategy="fedpers.strategies.clustered:ClusteredFL",
         settings=(ClusteredFLSettings,),
-        checks=(personalized.refuses_dp("whose server keeps a model per cluster"),),
+        checks=(
+            personalized.refuses_dp("whose server keeps a model per cluster"),
+            _clusters_fit_clients,
+        ),
         wire=(CLUSTER, ASSIGNMENT, CLUSTERS, CLUSTERS_UNCHANGED),
         paper="Sattler et al., IEEE TNNLS 2020",
     ),

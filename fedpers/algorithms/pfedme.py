@@ -31,7 +31,7 @@ from fedpers import protocol, records
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import ConfigError, at_least, positive, setting
+from fedpers.settings import ConfigError, at_least, positive, setting, step_size
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +68,8 @@ class PFedMeSettings:
     def check(self) -> None:
         positive("pfedme-lambda", self.pfedme_lambda)
         at_least("pfedme-k", self.pfedme_k, 1)
-        positive("pfedme-personal-lr", self.pfedme_personal_lr)
-        positive("pfedme-beta", self.pfedme_beta)
+        step_size("pfedme-personal-lr", self.pfedme_personal_lr)
+        step_size("pfedme-beta", self.pfedme_beta)
 
 
 def check_pull(run: RunConfig) -> None:

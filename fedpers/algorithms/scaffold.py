@@ -33,7 +33,7 @@ from fedpers.algorithms import AlgorithmSpec, Family, FinalTest
 from fedpers.cohort import Member
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import positive, setting
+from fedpers.settings import setting, step_size
 
 if TYPE_CHECKING:
     from fedpers.cohort import Arrays, Cohort, Metrics, Reply
@@ -59,7 +59,7 @@ class ScaffoldSettings:
     )
 
     def check(self) -> None:
-        positive("scaffold-server-lr", self.scaffold_server_lr)
+        step_size("scaffold-server-lr", self.scaffold_server_lr)
 
 
 def is_control(name: str) -> bool:

@@ -40,7 +40,7 @@ from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.sheaf import PENALTY, PROJECTION
 from fedpers.seeding import rng
-from fedpers.settings import ConfigError, at_least, setting, within
+from fedpers.settings import ConfigError, at_least, setting, step_size, within
 
 if TYPE_CHECKING:
     from fedpers.agents_update import Agents
@@ -78,7 +78,7 @@ class SheafFMTLSettings:
     def check(self) -> None:
         at_least("sheaf-fmtl-lambda", self.sheaf_fmtl_lambda, 0.0)
         within("sheaf-fmtl-gamma", self.sheaf_fmtl_gamma, "(0, 1]")
-        at_least("sheaf-fmtl-map-lr", self.sheaf_fmtl_map_lr, 0.0)
+        step_size("sheaf-fmtl-map-lr", self.sheaf_fmtl_map_lr, zero=True)
 
 
 def interaction_dims(run: RunConfig) -> dict[tuple[int, int], int]:

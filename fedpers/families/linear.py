@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from fedpers import families, linear, protocol, records
 from fedpers.families import EvaluateFn, Faults, QuerySpec, RunSummary
 from fedpers.seeding import rng
-from fedpers.settings import ConfigError, at_least, positive, setting
+from fedpers.settings import ConfigError, at_least, setting, step_size
 
 if TYPE_CHECKING:
     from fedpers.cohort import Arrays, Cohort, Member, Metrics, Reply
@@ -78,8 +78,8 @@ class LinearSettings:
         at_least("linear-samples", self.linear_samples, 1)
         at_least("linear-head-steps", self.linear_head_steps, 0)
         at_least("linear-noise-std", self.linear_noise_std, 0.0)
-        positive("linear-lr", self.linear_lr)
-        positive("linear-head-lr", self.linear_head_lr)
+        step_size("linear-lr", self.linear_lr)
+        step_size("linear-head-lr", self.linear_head_lr)
         if self.linear_rank > self.linear_dim:
             raise ConfigError(
                 f"run-config key 'linear-rank' = {self.linear_rank} exceeds "
