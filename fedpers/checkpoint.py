@@ -11,8 +11,13 @@ only from a checkpoint that is the run's own: besides the round and the arrays i
   even where ``config.json`` was edited to match it;
 - the last round in which each partition's training reply came back (``trained``): the
   rounds after which its device snapshot must exist (``strategies/resume.py``);
-- a digest of all of the above and of every array: a checkpoint changed after it was
-  written (its round edited, an array replaced) is refused.
+- the digest of ``rounds.jsonl``'s rounds up to it (``rounds_digest``): the state a
+  resumed run reads from there (an adaptive clip's ``dp.next-clip``) is the one written;
+- a keyed digest (HMAC-SHA256) of all of the above and of every array, under the run's
+  own secret key (``.key`` in the run directory, 0600, written at the run's start; not a
+  results file): a checkpoint changed after it was written (its round edited, an array
+  scaled, a cluster moved) is refused even where its digest was recomputed, since that
+  needs the key.
 
 The checkpoint must be a regular file in the run directory: a symbolic link is refused,
 since the file it points to is another run's, or can become one.
@@ -21,6 +26,7 @@ since the file it points to is another run's, or can become one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import stat
@@ -39,7 +45,10 @@ TOKEN_KEY = "__token__"
 CONFIGURATION_KEY = "__configuration__"
 TRAINED_KEY = "__trained__"  # (partition, round) rows
 DIGEST_KEY = "__digest__"
-RESERVED = (ROUND_KEY, TOKEN_KEY, CONFIGURATION_KEY, TRAINED_KEY, DIGEST_KEY)
+ROUNDS_KEY = "__rounds__"  # the digest of rounds.jsonl's rounds up to the checkpoint's
+RESERVED = (ROUND_KEY, TOKEN_KEY, CONFIGURATION_KEY, TRAINED_KEY, DIGEST_KEY, ROUNDS_KEY)
+KEY_FILE = ".key"  # the run's secret key of its checkpoints' digests
+KEY_BYTES = 32
 
 # Run-config keys that do not change what a run computes, so a resume may differ in them
 # (config.json is compared on its own, on every key but `resume`): whether it resumes,
@@ -83,6 +92,8 @@ class Checkpoint:
     trained : dict of int to int
         For each partition whose training reply ever came back without error, the last
         such round (at most ``round``): its device snapshot of that round was written.
+    rounds : str
+        ``fedpers.results.rounds_digest`` of ``rounds.jsonl``'s rounds 1..``round``.
     """
 
     round: int
@@ -90,12 +101,20 @@ class Checkpoint:
     token: str
     configuration: str
     trained: dict[int, int] = field(default_factory=dict)
+    rounds: str = ""
 
-    def digest(self) -> str:
-        """SHA-256 of the round, the binding and every array (names, dtypes, shapes,
-        bytes): what ``load_checkpoint`` recomputes to see the file unchanged."""
-        h = hashlib.sha256()
-        binding = [self.round, self.token, self.configuration, sorted(self.trained.items())]
+    def digest(self, key: bytes) -> str:
+        """HMAC-SHA256 under ``key`` of the round, the binding and every array (names,
+        dtypes, shapes, bytes): what ``load_checkpoint`` recomputes to see the file
+        unchanged, and what no one without the run's key can recompute."""
+        h = hmac.new(key, digestmod=hashlib.sha256)
+        binding = [
+            self.round,
+            self.token,
+            self.configuration,
+            sorted(self.trained.items()),
+            self.rounds,
+        ]
         h.update(json.dumps(binding).encode())
         for name in sorted(self.arrays):
             values = np.ascontiguousarray(self.arrays[name])
@@ -112,8 +131,44 @@ def configuration_digest(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()
 
 
+def new_run_key(directory: Path) -> None:
+    """Write a fresh run's secret key (``KEY_FILE``, 0600 from its first byte)."""
+    path = directory / KEY_FILE
+    path.unlink(missing_ok=True)
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(handle, os.urandom(KEY_BYTES))
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def run_key(directory: Path) -> bytes:
+    """The run's secret key.
+
+    Raises
+    ------
+    CheckpointError
+        If ``KEY_FILE`` is missing, not a regular file, or not ``KEY_BYTES`` long.
+    """
+    path = directory / KEY_FILE
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        raise CheckpointError(
+            f"{path}, the run's key to its checkpoint, is missing or not a file (it is "
+            f"written at the run's start); without it no checkpoint can be checked: {FIX}"
+        ) from None
+    with os.fdopen(handle, "rb") as stream:
+        key = stream.read(KEY_BYTES + 1)
+    if len(key) != KEY_BYTES:
+        raise CheckpointError(f"{path} is not a run key ({len(key)} bytes); {FIX}")
+    return key
+
+
 def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
-    """Atomically replace ``directory/checkpoint.npz`` with ``checkpoint``."""
+    """Atomically replace ``directory/checkpoint.npz`` with ``checkpoint``, its digest
+    under the run's key (``run_key``)."""
     if reserved := sorted(set(RESERVED) & set(checkpoint.arrays)):
         raise ValueError(f"array name(s) {reserved} are reserved for the checkpoint's binding")
     path = directory / CHECKPOINT_FILE
@@ -125,7 +180,8 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
             TOKEN_KEY: np.array(checkpoint.token),
             CONFIGURATION_KEY: np.array(checkpoint.configuration),
             TRAINED_KEY: trained,
-            DIGEST_KEY: np.array(checkpoint.digest()),
+            ROUNDS_KEY: np.array(checkpoint.rounds),
+            DIGEST_KEY: np.array(checkpoint.digest(run_key(directory))),
             **checkpoint.arrays,
         },
     )
@@ -159,10 +215,11 @@ class CheckpointWriter:
         """``partitions`` replied to ``server_round``'s training without error."""
         self.trained.update(dict.fromkeys(partitions, server_round))
 
-    def save(self, server_round: int, arrays: dict[str, np.ndarray]) -> Path:
-        """The checkpoint after ``server_round``, with the global ``arrays``."""
+    def save(self, server_round: int, arrays: dict[str, np.ndarray], rounds: str) -> Path:
+        """The checkpoint after ``server_round``, with the global ``arrays`` and the
+        digest of ``rounds.jsonl`` up to it (``rounds``)."""
         checkpoint = Checkpoint(
-            server_round, arrays, self.token, self.configuration, dict(self.trained)
+            server_round, arrays, self.token, self.configuration, dict(self.trained), rounds
         )
         return save_checkpoint(self.directory, checkpoint)
 
@@ -194,15 +251,15 @@ def load_checkpoint(
             f"{path} is at round {checkpoint.round}, not in 1..{last} (num-rounds = "
             f"{num_rounds}); nothing to resume there, or it is damaged: {FIX}"
         )
-    if str(stored[DIGEST_KEY]) != checkpoint.digest():
-        raise CheckpointError(
-            f"{path} was changed after it was written (its round or arrays do not match "
-            f"its digest): {FIX}"
-        )
     if checkpoint.token != token:
         raise CheckpointError(
             f"{path} was written by another run (token '{checkpoint.token}'; this run's "
             f"run.json says '{token}'): {FIX}"
+        )
+    if not hmac.compare_digest(str(stored[DIGEST_KEY]), checkpoint.digest(run_key(directory))):
+        raise CheckpointError(
+            f"{path} was changed after it was written (its round or arrays do not match "
+            f"its digest): {FIX}"
         )
     if checkpoint.configuration != configuration:
         raise CheckpointError(
@@ -261,4 +318,5 @@ def _unpack(path: Path, stored: dict[str, np.ndarray]) -> Checkpoint:
         token=str(stored[TOKEN_KEY]),
         configuration=str(stored[CONFIGURATION_KEY]),
         trained={int(p): int(r) for p, r in trained},
+        rounds=str(stored[ROUNDS_KEY]),
     )

@@ -28,6 +28,7 @@ segment (``RUN_NAME``), so a run directory is a direct child of ``results-dir``.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import itertools
 import json
 import logging
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpers.atomic import append_text, write_text
-from fedpers.checkpoint import NOT_COMPUTED, ResumeError
+from fedpers.checkpoint import NOT_COMPUTED, ResumeError, new_run_key
 from fedpers.logs import strip_ansi
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,7 @@ class RunRecorder:
         total_rounds: int,
         progress_metric: str,
         resume_after: int | None = None,
+        resume_rounds: str | None = None,
         tensorboard: bool = False,
     ) -> None:
         self.directory = directory
@@ -169,6 +171,7 @@ class RunRecorder:
         self.total_rounds = total_rounds
         self.progress_metric = progress_metric
         self.records: list[RoundRecord] = []
+        self._rounds = hashlib.sha256()  # of rounds.jsonl's lines so far (rounds_digest)
         self.started = time.monotonic()
         self._lock = -1
         # Flower may stop the run from another thread (a simulation's main thread) or
@@ -180,7 +183,7 @@ class RunRecorder:
             if resume_after is not None:
                 self._lock = _claim(directory)
                 try:
-                    self._reopen(config, resume_after)
+                    self._reopen(config, resume_after, resume_rounds)
                 except ResumeError as error:
                     self.fail(f"{type(error).__name__}: {error}")
                     raise
@@ -201,6 +204,7 @@ class RunRecorder:
         _write_json_atomic(directory / CONFIG_FILE, dict(config))
         self.token = uuid.uuid4().hex[:12]
         _write_json_atomic(directory / RUN_FILE, {"token": self.token})
+        new_run_key(directory)  # the key of its checkpoints' digests (fedpers.checkpoint)
 
     def _refuse_existing(self) -> None:
         if (self.directory / SUMMARY_FILE).exists() or (self.directory / ROUNDS_FILE).exists():
@@ -210,7 +214,9 @@ class RunRecorder:
                 "run-name or results-dir, remove that directory, or set resume = true"
             )
 
-    def _reopen(self, config: Mapping[str, Any], resume_after: int) -> None:
+    def _reopen(
+        self, config: Mapping[str, Any], resume_after: int, expected_rounds: str | None
+    ) -> None:
         """Continue a run: same configuration, its token, its rounds up to its checkpoint
         (and the one round after it that a crash or a failed round left, dropped).
 
@@ -273,6 +279,14 @@ class RunRecorder:
                 f"run's own {CLIENTS_FILE}, or start afresh (resume = false)"
             )
         kept = rounds[:resume_after]
+        if expected_rounds is not None and rounds_digest(kept) != expected_rounds:
+            raise ResumeError(
+                f"cannot resume {self.directory}: its {ROUNDS_FILE} rounds 1..{resume_after} "
+                "are not those its checkpoint was written after (a line was changed); "
+                f"restore the run's own {ROUNDS_FILE}, or start afresh (resume = false)"
+            )
+        for record in kept:
+            self._rounds.update(_json_line(record.without_clients()).encode())
         write_text(
             self.directory / ROUNDS_FILE, "".join(_json_line(r.without_clients()) for r in kept)
         )
@@ -305,6 +319,10 @@ class RunRecorder:
             _record_failure(self.directory, reason, len(self.records))
         finally:
             self.release()
+
+    def rounds_digest(self) -> str:
+        """``rounds_digest`` of the rounds written so far (what a checkpoint binds)."""
+        return self._rounds.hexdigest()
 
     @contextmanager
     def writing(self) -> Iterator[bool]:
@@ -366,7 +384,9 @@ class RunRecorder:
         if record.clients:
             line = _json_line({"round": record.round, "clients": record.clients})
             append_text(self.directory / CLIENTS_FILE, line)
-        append_text(self.directory / ROUNDS_FILE, _json_line(record.without_clients()))
+        line = _json_line(record.without_clients())
+        append_text(self.directory / ROUNDS_FILE, line)
+        self._rounds.update(line.encode())
         self.records.append(record)
         if self._board is not None:
             for section in ("train", "evaluate", "server"):
@@ -685,6 +705,15 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_finite_or_null(payload), indent=2, sort_keys=True, allow_nan=False)
     write_text(path, text + "\n")
+
+
+def rounds_digest(records: Iterable[RoundRecord]) -> str:
+    """SHA-256 of ``records``' lines as ``rounds.jsonl`` holds them (clients apart): what
+    a checkpoint binds, so that a resumed run reads the rounds it was written after."""
+    h = hashlib.sha256()
+    for record in records:
+        h.update(_json_line(record.without_clients()).encode())
+    return h.hexdigest()
 
 
 def _json_line(payload: Mapping[str, Any]) -> str:

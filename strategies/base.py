@@ -392,6 +392,12 @@ class FedpersStrategy(Strategy):
                 f"round {records[-1].round} of rounds.jsonl has no '{privacy.NEXT_CLIP}': "
                 "an adaptive clip cannot continue from it; start the run afresh"
             )
+        if isinstance(last, bool) or not isinstance(last, int | float) or not 0 < last < math.inf:
+            raise ResumeError(
+                f"round {records[-1].round} of rounds.jsonl has '{privacy.NEXT_CLIP}' = "
+                f"{last!r}, not a clip (a finite number above 0): restore the run's own "
+                "rounds.jsonl, or start the run afresh"
+            )
         self.clip = self.applied_clip = float(last)
 
     def trims_every_reply(self, replies: int) -> bool:

@@ -78,6 +78,19 @@ class ClusteredFL(FedpersStrategy):
         models = dict.fromkeys(range(self.settings.clustered_fl_max_clusters), model)
         return _record(models, np.zeros(len(self.seen), dtype=np.float64))
 
+    def state_defect(self, new: ArrayRecord, previous: ArrayRecord) -> str | None:
+        """The base checks, and every client's cluster one of the state's clusters (a
+        checkpoint's assignment is read on resume: a cluster id beyond them ended in a
+        raw KeyError)."""
+        if reason := super().state_defect(new, previous):
+            return reason
+        models, assignment = _state(new)
+        known = np.isin(assignment, np.array(sorted(models), dtype=np.float64))
+        if not np.all(known):
+            bad = sorted({float(v) for v in assignment[~known]})[:5]
+            return f"its cluster assignment names clusters {bad}, not among 0..{len(models) - 1}"
+        return None
+
     def load(self, arrays: ArrayRecord) -> None:
         """Read the clusters' models and the assignment from the global state."""
         self.models, self.assignment = _state(arrays)

@@ -125,6 +125,7 @@ def main(grid: Grid, context: Context) -> None:
         total_rounds=config.num_rounds,
         progress_metric=config.family.progress_metric,
         resume_after=checkpoint.round if checkpoint is not None else None,
+        resume_rounds=checkpoint.rounds if checkpoint is not None else None,
         tensorboard=config.tensorboard,
     )
     logger.info(
@@ -231,7 +232,8 @@ def _run(
     def on_checkpoint(server_round: int, arrays: ArrayRecord) -> None:
         with recorder.writing() as running:  # a stopped run's checkpoint stays as it was
             if running:
-                checkpoints.save(server_round, {k: v.numpy() for k, v in arrays.items()})
+                arrays_now = {k: v.numpy() for k, v in arrays.items()}
+                checkpoints.save(server_round, arrays_now, recorder.rounds_digest())
 
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
     recorder.startup(_first_round_line(checkpoint))

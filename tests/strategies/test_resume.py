@@ -25,6 +25,7 @@ from fedpers.checkpoint import (
     ResumeError,
     configuration_digest,
     load_checkpoint,
+    new_run_key,
     save_checkpoint,
 )
 from fedpers.clients import device_state
@@ -40,6 +41,7 @@ from fedpers.results import (
     ResultsExistError,
     RunRecorder,
     read_token,
+    rounds_digest,
 )
 from fedpers.strategies import server_app
 from fedpers.strategies.rounds import RoundFailedError
@@ -152,7 +154,10 @@ def _forge(directory: Path, server_round: int, arrays: dict[str, np.ndarray]) ->
     """A checkpoint of ``arrays`` after ``server_round``, bound to the run in
     ``directory`` as the run itself would have written it."""
     token, configuration = read_token(directory), configuration_digest(read_config(directory))
-    save_checkpoint(directory, Checkpoint(server_round, arrays, token, configuration))
+    rounds = rounds_digest(read_rounds(directory)[:server_round])
+    save_checkpoint(
+        directory, Checkpoint(server_round, arrays, token, configuration, rounds=rounds)
+    )
 
 
 def _untimed(value: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +180,7 @@ def test_a_damaged_checkpoint_is_named_with_its_fix_and_recorded(tmp_path: Path)
 
 @pytest.mark.parametrize("stored_round", [-3, 1_000_000, 3])
 def test_a_checkpoint_round_outside_the_run_is_refused(tmp_path: Path, stored_round: int) -> None:
+    new_run_key(tmp_path)
     save_checkpoint(tmp_path, Checkpoint(stored_round, {"body.w": np.zeros(2)}, "t", "c"))
     with pytest.raises(CheckpointError, match=f"at round {stored_round}, not in 1..2"):
         load_checkpoint(tmp_path, num_rounds=3, token="t", configuration="c")
@@ -460,3 +466,62 @@ def test_a_resume_may_move_where_things_go_but_not_what_is_computed(tmp_path: Pa
     config = read_config(directory)
     assert config["client-state-dir"] == str(moved)
     assert config["resume"] is False  # the run as first started, with where things go now
+
+
+# Issue 46, "values that steer a resumed run": the checkpoint's digest is keyed by the
+# run's own secret (.key), and it binds rounds.jsonl's rounds up to it.
+def test_a_checkpoint_changed_and_its_digest_recomputed_without_the_key_is_refused(
+    tmp_path: Path,
+) -> None:
+    directory = _interrupted(tmp_path)
+    path = directory / CHECKPOINT_FILE
+    with np.load(path) as stored:
+        values = {name: stored[name] for name in stored.files}
+    checkpoint = Checkpoint(
+        int(values["__round__"]),
+        {k: v * 1.01 for k, v in values.items() if not k.startswith("__")},
+        str(values["__token__"]),
+        str(values["__configuration__"]),
+        {int(p): int(r) for p, r in values["__trained__"]},
+        str(values["__rounds__"]),
+    )
+    for guess in (b"", bytes(32), b"fedpers"):  # what a reader without .key can try
+        values["__digest__"] = np.array(checkpoint.digest(guess))
+        values.update(checkpoint.arrays)
+        np.savez(path, **values)
+        _assert_refused(tmp_path, r"checkpoint\.npz was changed after it was written")
+    assert (directory / ".key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("clip", [-1.0, 1e-12, 1e9, "0.5"])
+def test_an_edited_next_clip_in_rounds_jsonl_refuses_the_resume(
+    tmp_path: Path, clip: object
+) -> None:
+    """Was: -1 hung the resumed run for ever, the others were used as given."""
+    adaptive = {
+        "dp": "central",
+        "dp_clip": 1.0,
+        "dp_noise_multiplier": 0.0,
+        "dp_clip_quantile": 0.5,
+    }
+    directory = _interrupted(tmp_path, **adaptive)
+    lines = (directory / ROUNDS_FILE).read_text().splitlines()
+    record = json.loads(lines[1])
+    assert "dp.next-clip" in record["server"]
+    record["server"]["dp.next-clip"] = clip
+    lines[1] = json.dumps(record)
+    (directory / ROUNDS_FILE).write_text("\n".join(lines) + "\n")
+    _assert_refused(tmp_path, r"rounds 1\.\.2 are not those its checkpoint", **adaptive)
+
+
+def test_a_cluster_assignment_beyond_the_clusters_is_refused_by_name(tmp_path: Path) -> None:
+    """Even with the run's key (a checkpoint rewritten by its owner): an unknown cluster
+    id was a raw KeyError at the first round."""
+    clustered = {"algorithm": "clustered-fl", "clustered_fl_max_clusters": 4}
+    directory = _interrupted(tmp_path, **clustered)
+    with np.load(directory / CHECKPOINT_FILE) as stored:
+        arrays = {k: stored[k] for k in stored.files if not k.startswith("__")}
+    (name,) = [k for k in arrays if k.endswith("assignment")]
+    arrays[name] = np.full_like(arrays[name], 5.0)
+    _forge(directory, 2, arrays)
+    _assert_refused(tmp_path, r"cluster assignment names clusters \[5\.0\]", **clustered)
