@@ -178,6 +178,11 @@ def startup(run: RunConfig, partition: int, arrays: Arrays) -> Arrays:
         arrays = {
             k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in arrays.items()
         }
+    if "startup-width" in active:
+        arrays = {
+            k: np.pad(v, ((0, 0), (0, 1))) if v.ndim == 2 and v.dtype.kind == "f" else v
+            for k, v in arrays.items()
+        }
     return arrays
 
 

@@ -69,6 +69,7 @@ KINDS: dict[str, float | None] = {
     # attacks on start-up queries and on Sheaf-FRL's relay
     "startup-scale": 1e9,  # every array of a start-up answer times this value
     "startup-nan": None,  # every array of a start-up answer NaN
+    "startup-width": None,  # every 2-D array of a start-up answer one column wider
     "pilots-scale": 1e6,  # relayed pilots (own, transported; projections) times this value
     "pilots-nan": None,  # relayed pilots (own, transported; projections) NaN
 }

@@ -34,7 +34,17 @@ from fedpers.strategies.fedem import FedEM
 _FREE_ROWS = {
     mixture_family.SUMMARY_CENTROIDS,
     mixture_family.SUMMARY_COUNTS,
-}  # a client may find fewer local clusters
+}  # a client may find fewer local clusters: their rows are free, not their width
+
+
+def _shape_key(answer: dict[str, np.ndarray]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """What must agree between start-up answers: every array's shape, but the number of
+    rows of the local clusters' (centroids of another width, stacked with the others',
+    crashed the run with numpy's ValueError)."""
+    return tuple(
+        (name, values.shape[1:] if name in _FREE_ROWS else values.shape)
+        for name, values in sorted(answer.items())
+    )
 
 
 class FedGMM(FedEM):
@@ -233,10 +243,7 @@ class FedGMM(FedEM):
         order: each passes ``check``, its arrays have the shapes most clients' have, and
         none is 100 times larger than the median answer (a scaled-up client)."""
         answers = self.startup(grid, query, self.seen, content, timeout, check)
-        shapes = Counter(
-            tuple((n, v.shape) for n, v in sorted(a.items()) if n not in _FREE_ROWS)
-            for a in answers.values()
-        )
+        shapes = Counter(_shape_key(a) for a in answers.values())
         usual = shapes.most_common(1)[0][0]
         sizes = {  # in float64: every answer passed ``check``'s dtype test, but a check
             # that forgot it must not let abs() of int64's least value come out negative
@@ -245,7 +252,7 @@ class FedGMM(FedEM):
         }
         large = screening.outliers(sizes)
         for partition, answer in list(answers.items()):
-            shape = tuple((n, v.shape) for n, v in sorted(answer.items()) if n not in _FREE_ROWS)
+            shape = _shape_key(answer)
             if shape != usual or partition in large:
                 why = "its arrays are shaped unlike most" if shape != usual else "100x the median"
                 self.reject_at_startup(partition, f"{query}: {why}")

@@ -191,6 +191,19 @@ def test_startup_answers_are_screened() -> None:
     assert all(_well_formed(state, states[0]) for state in states)
 
 
+def test_a_startup_answer_of_another_width_is_left_out() -> None:
+    # Issue 46: centroids one column wider than the others' (rows may differ: a client
+    # finds fewer local clusters) crashed the run with numpy's ValueError when stacked.
+    strategy, (records, states) = _run(FAMILIES["fedgmm"], "startup-width:1@0", rounds=1)
+    startup = strategy.startup_rejections
+    assert any(
+        r.startswith("partition 1: query.summary: its arrays are shaped unlike most")
+        for r in startup
+    ), startup
+    assert records[0].replies == records[0].sampled
+    assert all(_well_formed(state, states[0]) for state in states)
+
+
 @pytest.mark.parametrize("kind", ["pilots-scale", "pilots-nan", "raise"])
 def test_bad_pilots_are_not_relayed_and_the_sender_is_named(kind: str) -> None:
     family = {"algorithm": "sheaf-frl", "dataset": "digits", "epochs": 1}
