@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from sklearn.cluster import AgglomerativeClustering
 
 from fedpers import protocol, records
-from fedpers.aggregation import Aggregation
+from fedpers.aggregation import Aggregation, trim_count
 from fedpers.algorithms.clustered_fl import (
     ASSIGNMENT,
     CLUSTER,
@@ -168,10 +168,11 @@ class ClusteredFL(FedpersStrategy):
         the lowest partition first), or None."""
         if len(replies) <= 2 or clusters >= self.settings.clustered_fl_max_clusters:
             return None
+        if self.trims_every_reply(len(replies)):  # no robust statistic of so few replies
+            return None
         updates = np.stack([_flat(model, start) for _, model, _ in replies])
         weights = np.array([w for _, _, w in replies], dtype=np.float64)
-        mean_norm = float(np.linalg.norm(weights @ updates / weights.sum()))
-        max_norm = float(np.linalg.norm(updates, axis=1).max())
+        mean_norm, max_norm = self.split_statistics(start, replies, updates, weights)
         if not (
             mean_norm < self.settings.clustered_fl_eps1
             and max_norm > self.settings.clustered_fl_eps2
@@ -182,6 +183,38 @@ class ClusteredFL(FedpersStrategy):
         kept = [r for r, label in zip(replies, labels, strict=True) if label == first]
         moved = [r for r, label in zip(replies, labels, strict=True) if label != first]
         return kept, moved
+
+    def split_statistics(
+        self,
+        start: Model,
+        replies: list[tuple[int, Model, float]],
+        updates: np.ndarray,
+        weights: np.ndarray,
+    ) -> tuple[float, float]:
+        """The norm of the cluster's mean update and its largest update norm, the split
+        criteria's statistics (Sattler et al.: the weighted mean, the maximum). Under a
+        robust aggregation the decision is robust too: the mean is the run's own
+        aggregate (the trimmed mean, the median, the clipped mean) and the "largest"
+        norm is the (k + 1)-th largest, k being the replies the aggregation resists at
+        each end (``trim_count`` under the trimmed mean, fewer than half under the
+        median), so that k replies cannot force a split; under the clipped mean the
+        largest of the norms as it clips them (at most aggregation-clip x their median).
+        Under the plain mean, as in the paper, one reply can (its norm is the maximum):
+        the docs say so."""
+        norms = np.sort(np.linalg.norm(updates, axis=1))[::-1]
+        aggregation = self.run.aggregation
+        if aggregation == Aggregation.MEAN:
+            return float(np.linalg.norm(weights @ updates / weights.sum())), float(norms[0])
+        if aggregation == Aggregation.TRIMMED_MEAN:
+            resisted = trim_count(len(replies), self.run.aggregation_trim)
+        elif aggregation == Aggregation.MEDIAN:  # fewer than half of the replies
+            resisted = (len(replies) - 1) // 2
+        else:  # the clipped mean: the norms as it clips them (to c x their median)
+            resisted = 0
+            norms = np.minimum(norms, self.run.aggregation_clip * float(np.median(norms)))
+        combined = self.combine([m for _, m, _ in replies], list(weights), start)
+        mean_norm = float(np.linalg.norm(_flat(combined, start)))
+        return mean_norm, float(norms[min(resisted, len(norms) - 1)])
 
     def evaluate_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord

@@ -212,3 +212,29 @@ def test_bad_pilots_are_not_relayed_and_the_sender_is_named(kind: str) -> None:
     assert records[0].rejections == []
     assert any(r.startswith(f"partition {FAULTY}: ") for r in records[1].rejections)
     assert records[2].rejections == []
+
+
+@pytest.mark.parametrize("aggregation", ["trimmed-mean", "median"])
+def test_one_reply_cannot_force_clustered_fl_to_split_under_a_robust_aggregation(
+    aggregation: str,
+) -> None:
+    # Issue 46: the split criterion took the largest update norm over the replies, so
+    # one reply (even of weight 1e-9) far from the others split honest clients every
+    # round, under the trimmed mean too. Here partition 1's update is noise far beyond
+    # eps2, every round; the honest updates stay below it: no split may happen.
+    family = {
+        **FAMILIES["clustered-fl"],
+        "aggregation": aggregation,
+        "aggregation_trim": 0.25,
+        "clustered_fl_eps1": 1e6,  # the mean-norm criterion always holds
+        "clustered_fl_eps2": 3.2,
+    }
+    rounds = 4
+    _strategy, (records, states) = _run(family, f"noise=0.5:{FAULTY}", rounds=rounds)
+    assert [r.server["clusters"] for r in records] == [1.0] * rounds
+    assert all(r.replies == 4 for r in records)
+    assert all(_well_formed(state, states[0]) for state in states)
+    # the same attacker under the plain mean splits, as the paper's criterion does
+    plain = {**family, "aggregation": "mean"}
+    _strategy, (records, _states) = _run(plain, f"noise=0.5:{FAULTY}", rounds=rounds)
+    assert records[-1].server["clusters"] > 1
