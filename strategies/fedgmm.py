@@ -102,10 +102,9 @@ class FedGMM(FedEM):
             return "statistics counts differ from the responsibilities"
         second = arrays[mixture_family.STATS_SECOND]
         full = self.covariance == GmmCovariance.FULL
-        reason = screening.statistics_defect(
-            count, arrays[mixture_family.STATS_FIRST], second, full=full
-        )
-        return reason or self.spread_defect(count, second)
+        first = arrays[mixture_family.STATS_FIRST]
+        reason = screening.statistics_defect(count, first, second, full=full)
+        return reason or empty_defect(count, first, second) or self.spread_defect(count, second)
 
     def spread_defect(self, count: np.ndarray, second: np.ndarray) -> str | None:
         """Why a reply's statistics spread farther than any data near the components the
@@ -358,6 +357,21 @@ class FedGMM(FedEM):
             mixture_family.GMM_MEANS: new.means,
             mixture_family.GMM_COVARIANCES: new.covariances,
         }
+
+
+def empty_defect(count: np.ndarray, first: np.ndarray, second: np.ndarray) -> str | None:
+    """Statistics of no data are zero: a component of count 0 with a first or second
+    moment (issue 46: second moments of 1e8-1e13 on a count of 0 passed every other
+    check, since the spread is measured per unit of count, and grew the pooled
+    covariance by up to 1.4e11)."""
+    for k in np.flatnonzero(count == 0):
+        if np.any(first[k] != 0) or np.any(second[k] != 0):
+            largest = float(np.max(np.abs(second[k]), initial=0.0))
+            return (
+                f"statistics of component {k} count no sample but have moments (second "
+                f"up to {largest:.3g}): no data has those"
+            )
+    return None
 
 
 def _pooled(arrays: list[dict[str, np.ndarray]], center: np.ndarray) -> gmm.Statistics:

@@ -409,6 +409,30 @@ def test_fedgmm_statistics_far_beyond_the_components_are_left_out(
     assert record.replies == NODES - 1
 
 
+def test_fedgmm_statistics_of_an_empty_component_must_be_zero() -> None:
+    # Issue 46: a count of 0 on a component with second moments of 1e10 passed every
+    # check (the spread is measured per unit of count) and grew the pooled covariance.
+    def empty_but_wide(request: Message, reply: Message) -> Message:
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        names = (mixture_family.GAMMA, *_STATISTICS)
+        values = {name: arrays[name].numpy().copy() for name in names}
+        gamma = values[mixture_family.GAMMA]  # (components, samples); each sample's sum 1
+        gamma[1] += gamma[0]
+        gamma[0] = 0.0
+        values[mixture_family.STATS_COUNT][:] = gamma.sum(axis=1)  # as the checks demand
+        values[mixture_family.STATS_FIRST][0] = 0.0
+        values[mixture_family.STATS_SECOND][0] *= 1e10
+        for name, value in values.items():
+            arrays[name] = Array(np.ascontiguousarray(value))
+        return reply
+
+    _, records, _ = _run({MessageType.TRAIN: empty_but_wide}, **MIXTURE)
+    (record,) = records
+    (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+    assert "statistics of component 0 count no sample but have moments" in reason, reason
+    assert record.replies == NODES - 1
+
+
 def test_one_huge_matrix_does_not_widen_the_psd_tolerance_of_another() -> None:
     huge = np.eye(3) * 1e12
     negative = np.eye(3) - 2.0 * np.outer([1, 0, 0], [1, 0, 0])  # eigenvalue -1
