@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MessageType, MetricRe
 
 from fedpers import linear, protocol
 from fedpers.aggregation import AggregationError, trimmed_mean
+from fedpers.algorithms.scaffold import CONTROL as SCAFFOLD_CONTROL
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import ConfigError, RunConfig
 from fedpers.data.synthetic import LinearTasks
@@ -622,3 +623,49 @@ def test_the_sampled_vote_is_won_by_a_wrong_model_as_rarely_as_the_docs_say(
     voters = RunConfig.from_mapping(run_config()).vote_size
     for nodes in (1_000, 10_000, 100_000):
         assert hypergeom.sf(voters // 2, nodes, int(share * nodes), voters) < bound
+
+
+# ------------------------------------------------- state accumulated over rounds
+def _scaled_variates(factor: float) -> Tamper:
+    """SCAFFOLD's returned control variates times ``factor``, the model as trained."""
+
+    def tamper(request: Message, reply: Message) -> Message:
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        for name in list(arrays.keys()):
+            if name.startswith(SCAFFOLD_CONTROL):
+                arrays[name] = Array(np.ascontiguousarray(arrays[name].numpy() * factor))
+        return reply
+
+    return tamper
+
+
+def _control_norm(arrays: dict[str, np.ndarray]) -> float:
+    return math.sqrt(
+        sum(
+            float(np.sum(v.astype(np.float64) ** 2))
+            for n, v in arrays.items()
+            if n.startswith(SCAFFOLD_CONTROL)
+        )
+    )
+
+
+def test_scaffold_variates_scaled_every_round_do_not_accumulate() -> None:
+    # Issue 46: one client of four returning its variates x(-50) every round stayed
+    # within each round's update cap, measured against norms the server's c had already
+    # inflated: c grew from 0 to 3.9e8 in five rounds, and by round 4 every reply was
+    # non-finite and the run stopped. A variate must be (x - y) / (K lr) of the model
+    # returned: the attacker is left out every round, c stays the honest clients'.
+    rounds = 20
+    scaffold = {"algorithm": "scaffold", "num_rounds": rounds}
+    attacked, records, _ = _run({MessageType.TRAIN: _scaled_variates(-50.0)}, rounds, **scaffold)
+    clean, clean_records, _ = _run({}, rounds, **scaffold)
+    assert [r.round for r in records] == list(range(1, rounds + 1))  # the run never stopped
+    for record in records:
+        (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+        assert "control variate 'control." in reason, reason
+        assert record.replies == NODES - 1
+    # the bound stated in the docs: c is a mean of honest variates, so it stays within
+    # the clean run's scale (here: the same three clients' variates, times 3/4 a round)
+    assert _control_norm(attacked.adopted) <= 2.0 * _control_norm(clean.adopted)  # type: ignore[attr-defined]
+    assert all(math.isfinite(r.train["loss"]) for r in records)
+    assert len(clean_records) == rounds

@@ -112,15 +112,21 @@ def test_attacks_are_bounded_capped_or_accepted_and_never_corrupt(family: str) -
     # A sign flip x100 and noise of 0.1 on every parameter are far below the 1e6
     # magnitude guard, which accepted them. Against the others' updates they are about
     # 100 and 10-1,000 typical ones: kept, or left out by the update bound (update-cap
-    # 100), never anything else.
+    # 100), never anything else. SCAFFOLD's returned variate must also be the one its
+    # model implies, (x - y) / (K lr): a model changed alone is left out for that.
     for record in (flip, noise):
         reasons = [r.split(": ", 1)[1] for r in record.rejections]
         assert record.replies == 4 - len(reasons)
         assert all(
-            r.startswith("update norm") and "beyond update-cap 100 x" in r for r in reasons
+            (r.startswith("update norm") and "beyond update-cap 100 x" in r)
+            or (family == "scaffold" and r.startswith("control variate 'control."))
+            for r in reasons
         ), reasons
     if family == "fedgmm":  # the responsibilities sum to the true size: a lie shows
         assert any("responsibilities sum to" in r for r in inflate.rejections)
+    elif family == "scaffold":  # so does its variate: K follows the claimed size
+        assert inflate.replies == 3
+        assert any("K = 5 x ceil(1000000000000 / 10)" in r for r in inflate.rejections)
     else:
         assert inflate.replies == 4
         assert any("num-examples 1000000000000.0 capped at" in r for r in inflate.rejections)
