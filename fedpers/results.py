@@ -151,6 +151,13 @@ class RunRecorder:
         Number of rounds, for the ETA.
     progress_metric : str
         Which metric the progress line shows (``evaluate.accuracy``, ...).
+    resume_after, resume_rounds : int, str, optional
+        A resumed run: its checkpoint's round and ``rounds_digest`` of the rounds up to
+        it (``rounds.jsonl`` must hold those).
+    tensorboard : bool
+        Also write the metrics as TensorBoard scalars.
+    started : float, optional
+        ``time.monotonic()`` when the run began (default: now), for ``wall_seconds``.
     """
 
     def __init__(
@@ -164,6 +171,7 @@ class RunRecorder:
         resume_after: int | None = None,
         resume_rounds: str | None = None,
         tensorboard: bool = False,
+        started: float | None = None,
     ) -> None:
         self.directory = directory
         self._board: Any = None
@@ -172,7 +180,9 @@ class RunRecorder:
         self.progress_metric = progress_metric
         self.records: list[RoundRecord] = []
         self._rounds = hashlib.sha256()  # of rounds.jsonl's lines so far (rounds_digest)
-        self.started = time.monotonic()
+        # the run's clock (``time.monotonic``): from the ServerApp's start where given,
+        # so that wall_seconds holds the start-up that summary.startup_seconds counts
+        self.started = time.monotonic() if started is None else started
         self._lock = -1
         # Flower may stop the run from another thread (a simulation's main thread) or
         # from a signal handler in this one (a deployed ServerApp): ``stop`` and the
@@ -214,18 +224,14 @@ class RunRecorder:
                 "run-name or results-dir, remove that directory, or set resume = true"
             )
 
-    def _reopen(
-        self, config: Mapping[str, Any], resume_after: int, expected_rounds: str | None
-    ) -> None:
-        """Continue a run: same configuration, its token, its rounds up to its checkpoint
-        (and the one round after it that a crash or a failed round left, dropped).
+    def _stored_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The interrupted run's ``config.json``, if it is a configuration that
+        ``config`` may resume (the same in every key that changes what is computed).
 
         Raises
         ------
         ResumeError
-            If ``config.json`` or ``run.json`` is missing, the configuration differs, or
-            ``rounds.jsonl`` or ``clients.jsonl`` does not lead to the checkpoint; then
-            nothing is rewritten.
+            If it is missing, does not read as a JSON object, or differs.
         """
         if not (self.directory / CONFIG_FILE).is_file():
             raise ResumeError(
@@ -257,6 +263,22 @@ class RunRecorder:
                 f"cannot resume {self.directory}: run-config key(s) {differing} differ from "
                 f"the interrupted run's {CONFIG_FILE}; resume with its configuration"
             )
+        return stored
+
+    def _reopen(
+        self, config: Mapping[str, Any], resume_after: int, expected_rounds: str | None
+    ) -> None:
+        """Continue a run: same configuration, its token, its rounds up to its checkpoint
+        (and the one round after it that a crash or a failed round left, dropped).
+
+        Raises
+        ------
+        ResumeError
+            If ``config.json`` or ``run.json`` is missing, the configuration differs, or
+            ``rounds.jsonl`` or ``clients.jsonl`` does not lead to the checkpoint; then
+            nothing is rewritten.
+        """
+        stored = self._stored_config(config)
         self.token = read_token(self.directory)
         try:
             rounds = read_rounds(self.directory) if (self.directory / ROUNDS_FILE).exists() else []

@@ -106,6 +106,7 @@ def main(grid: Grid, context: Context) -> None:
     the server evaluates the global arrays after every round, and what its summary
     holds; the keys every run has are added here."""
     started = {"serverapp_started": time.time()}
+    clock = time.monotonic()  # the recorder's wall_seconds count from here, as the start-up
     route_to_flower()
     explain_errors(EXPLAINED)
     config = RunConfig.from_mapping(context.run_config)
@@ -127,6 +128,7 @@ def main(grid: Grid, context: Context) -> None:
         resume_after=checkpoint.round if checkpoint is not None else None,
         resume_rounds=checkpoint.rounds if checkpoint is not None else None,
         tensorboard=config.tensorboard,
+        started=clock,
     )
     logger.info(
         "results of this run: %s%s",
@@ -209,13 +211,7 @@ def _run(
     evaluate_config = strategy.evaluate_config()
     _connect(grid, config, strategy, recorder)
     started["partitions_known"] = time.time()
-    if checkpoint is not None:
-        initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
-        strategy.resume_after(recorder.records)
-    else:
-        initial = strategy.initial_arrays(grid, timeout=config.startup_timeout)
-        if evaluate_fn is not None:
-            write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+    initial = _starting_arrays(grid, config, strategy, recorder, checkpoint, evaluate_fn)
     checkpoints = CheckpointWriter(
         directory,
         recorder.token,
@@ -256,6 +252,28 @@ def _run(
         timeout=config.round_timeout,
     )
     return result, final
+
+
+def _starting_arrays(
+    grid: Grid,
+    config: RunConfig,
+    strategy: FedpersStrategy,
+    recorder: RunRecorder,
+    checkpoint: Checkpoint | None,
+    evaluate_fn: Any,
+) -> ArrayRecord:
+    """The global arrays round 1 (or the round after the checkpoint) starts from: the
+    checkpoint's, once they fit and the nodes restored their state; else the initial
+    model, whose server metrics go to ``initial.json``."""
+    directory = recorder.directory
+    if checkpoint is not None:
+        initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
+        strategy.resume_after(recorder.records)
+        return initial
+    initial = strategy.initial_arrays(grid, timeout=config.startup_timeout)
+    if evaluate_fn is not None:
+        write_json(directory / INITIAL_FILE, _plain_metrics(evaluate_fn(0, initial)))
+    return initial
 
 
 def _first_round_line(checkpoint: Checkpoint | None) -> str:

@@ -123,6 +123,9 @@ def test_a_stopped_run_records_it_and_resumes_to_the_uninterrupted_run(
         assert _untimed(asdict(a)) == _untimed(asdict(b))
     assert _untimed(read_summary(straight)) == _untimed(read_summary(resumed))
     assert (resumed / LOCK_FILE).exists()
+    # one clock: the whole run holds its start-up (done lines showed "rounds -0.5 s")
+    for summary in (read_summary(straight), read_summary(resumed)):
+        assert summary["wall_seconds"] >= summary["startup_seconds"] >= 0
 
 
 def test_a_stop_after_the_end_changes_nothing(tmp_path: Path) -> None:
