@@ -564,10 +564,7 @@ class FedpersStrategy(Strategy):
         counted = [r for r in screened.kept if screening.num_examples(r) > 0]
         if not self.current_shared or len(counted) < 2 or self.privacy is not None:
             return screened
-        norms = [
-            screening.update_norm(screening.arrays_of(reply), self.sent_to(reply))
-            for reply in counted
-        ]
+        norms = [self.update_norm(reply) for reply in counted]
         bound, beyond = screening.norm_outliers(norms, self.run.update_cap)
         if not beyond:
             return screened
@@ -578,6 +575,12 @@ class FedpersStrategy(Strategy):
             for i in beyond
         }
         return self.left_out(screened, reasons)
+
+    def update_norm(self, reply: Message) -> float:
+        """A reply's update norm for ``update_bounded``: its shared arrays less those
+        sent to it, as one vector (a row may leave out arrays checked exactly
+        elsewhere, whose scale would hide the others')."""
+        return screening.update_norm(screening.arrays_of(reply), self.sent_to(reply))
 
     def left_out(
         self, screened: screening.Screened, reasons: dict[Message, str]

@@ -96,6 +96,17 @@ class FedProto(PeerRelay):
         """The counts are sums over the reply's samples: they scale with a capped weight."""
         return (PROTOTYPE_COUNTS,)
 
+    def update_norm(self, reply: Message) -> float:
+        """The prototypes' update alone: the counts are checked exactly
+        (``counts_check``), and, tens to hundreds of samples per class, they set the
+        norm of the whole reply, so that a prototype moved by 10,932 against honest
+        moves of 0.5 passed the update cap (issue 46)."""
+        arrays = screening.arrays_of(reply)
+        sent = self.sent_to(reply)
+        return screening.update_norm(
+            {PROTOTYPES: arrays[PROTOTYPES]}, {PROTOTYPES: sent[PROTOTYPES]}
+        )
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:

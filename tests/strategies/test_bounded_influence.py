@@ -26,6 +26,7 @@ from fedpers.families import linear as linear_family
 from fedpers.families import mixture as mixture_family
 from fedpers.families import sheaf as sheaf_family
 from fedpers.families.linear import BODY as LINEAR_BODY
+from fedpers.families.sheaf import PROTOTYPES as FEDPROTO_PROTOTYPES
 from fedpers.results import RoundRecord
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
@@ -669,3 +670,23 @@ def test_scaffold_variates_scaled_every_round_do_not_accumulate() -> None:
     assert _control_norm(attacked.adopted) <= 2.0 * _control_norm(clean.adopted)  # type: ignore[attr-defined]
     assert all(math.isfinite(r.train["loss"]) for r in records)
     assert len(clean_records) == rounds
+
+
+def test_fedproto_prototypes_moved_far_are_left_out_whatever_their_counts() -> None:
+    # Issue 46: the update norm took the counts (tens of samples per class) with the
+    # prototypes, so a prototype moved by 3e3 against honest moves below 1 stayed within
+    # update-cap x the round's typical norm and was adopted. Now the norm is the
+    # prototypes' alone (the counts are checked exactly).
+    def moved(request: Message, reply: Message) -> Message:
+        arrays = reply.content.array_records[protocol.ARRAYS]
+        prototypes = arrays[FEDPROTO_PROTOTYPES].numpy().copy()
+        prototypes[0] += 3e3  # a norm of 8,485: below 100 x the counts of round 1
+        arrays[FEDPROTO_PROTOTYPES] = Array(np.ascontiguousarray(prototypes))
+        return reply
+
+    fedproto = {"algorithm": "fedproto", "sheaf_latent_dims": ",".join(["8"] * NODES)}
+    _, records, _ = _run({MessageType.TRAIN: moved}, 2, **fedproto)
+    for record in records:
+        (reason,) = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+        assert "beyond update-cap 100 x the round's lower-median update norm" in reason, reason
+        assert record.replies == NODES - 1
