@@ -301,17 +301,15 @@ class RunRecorder:
                 f"run's own {CLIENTS_FILE}, or start afresh (resume = false)"
             )
         kept = rounds[:resume_after]
-        if expected_rounds is not None and rounds_digest(kept) != expected_rounds:
+        lines = [_json_line(r.without_clients()) for r in kept]
+        if expected_rounds is not None and _hashed(lines).hexdigest() != expected_rounds:
             raise ResumeError(
                 f"cannot resume {self.directory}: its {ROUNDS_FILE} rounds 1..{resume_after} "
                 "are not those its checkpoint was written after (a line was changed); "
                 f"restore the run's own {ROUNDS_FILE}, or start afresh (resume = false)"
             )
-        for record in kept:
-            self._rounds.update(_json_line(record.without_clients()).encode())
-        write_text(
-            self.directory / ROUNDS_FILE, "".join(_json_line(r.without_clients()) for r in kept)
-        )
+        self._rounds = _hashed(lines)
+        write_text(self.directory / ROUNDS_FILE, "".join(lines))
         if (self.directory / CLIENTS_FILE).exists():
             rows = [row for row in rows if row["round"] <= resume_after]
             write_text(self.directory / CLIENTS_FILE, "".join(map(_json_line, rows)))
@@ -732,10 +730,15 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
 def rounds_digest(records: Iterable[RoundRecord]) -> str:
     """SHA-256 of ``records``' lines as ``rounds.jsonl`` holds them (clients apart): what
     a checkpoint binds, so that a resumed run reads the rounds it was written after."""
+    return _hashed(_json_line(record.without_clients()) for record in records).hexdigest()
+
+
+def _hashed(lines: Iterable[str]) -> Any:
+    """A running SHA-256 of ``lines`` (``RunRecorder`` goes on updating it)."""
     h = hashlib.sha256()
-    for record in records:
-        h.update(_json_line(record.without_clients()).encode())
-    return h.hexdigest()
+    for line in lines:
+        h.update(line.encode())
+    return h
 
 
 def _json_line(payload: Mapping[str, Any]) -> str:

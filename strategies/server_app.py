@@ -142,9 +142,9 @@ def main(grid: Grid, context: Context) -> None:
     waits = contextlib.nullcontext() if simulated(grid) else flower_waits.object_backoff()
     # `flwr stop` (or a signal to this process) ends the run through Flower's exit
     # handlers: the run records it, and writes nothing after (strategies/stopping.py).
-    keys = stopping.resume_keys(config, run_name, simulated=simulated(grid))
+    hint = stopping.resume_hint(config, run_name, simulated=simulated(grid))
     try:
-        with stopping.on_flower_exit(stopping.stop_handler(recorder, keys)):
+        with stopping.on_flower_exit(stopping.stop_handler(recorder, hint)):
             with waits:
                 result, final = _run(grid, config, strategy, recorder, checkpoint, started)
             if recorder.stopped:

@@ -17,8 +17,9 @@ The handler (``stop_handler``) marks the run stopped (``RunRecorder.stop``): no 
 checkpoint or summary is written after it, ``failure.json`` says it was interrupted and
 how many rounds are kept, the directory's lock is released, and one log line names the
 directory and what to add to the same ``flwr run`` to continue (``resume=true`` and the
-run's name). A round's line is written before its checkpoint and the stop waits for a
-write in progress, so the checkpoint kept never runs ahead of ``rounds.jsonl``.
+run's name), or why it cannot be. A round's line is written before its checkpoint and
+the stop waits for a write in progress, so the checkpoint kept never runs ahead of
+``rounds.jsonl``.
 """
 
 from __future__ import annotations
@@ -53,35 +54,37 @@ def on_flower_exit(handler: Callable[[], None]) -> Iterator[None]:
             ]
 
 
-def resume_keys(config: RunConfig, run_name: str, *, simulated: bool) -> str:
-    """What to add to the same ``flwr run``'s ``--run-config`` to continue the run."""
-    keys = f"resume=true run-name='{run_name}'"
+def resume_hint(config: RunConfig, run_name: str, *, simulated: bool) -> str:
+    """How to continue the run once stopped: what to add to the same ``flwr run``'s
+    ``--run-config``, or why it cannot be continued (a simulated row that keeps state on
+    its clients, run without ``client-state-dir``: that state is gone)."""
     if simulated and config.spec.keeps_state and not config.client_state_dir:
         return (
-            f"{keys}, but '{config.algorithm}' keeps state on its clients and this run "
-            "had no client-state-dir, so that state is lost and a resume will be refused; "
-            "start afresh with client-state-dir set to be able to resume"
+            f"it cannot be resumed: '{config.algorithm}' keeps state on its clients and "
+            "this run had no client-state-dir; start afresh with client-state-dir set to "
+            "be able to resume"
         )
-    return keys
+    return f"to continue, add resume=true run-name='{run_name}' to the same flwr run's --run-config"
 
 
-def stop_handler(recorder: RunRecorder, keys: str) -> Callable[[], None]:
-    """The exit handler of one run: record the stop, log one line."""
+def stop_handler(recorder: RunRecorder, hint: str) -> Callable[[], None]:
+    """The exit handler of one run: record the stop, log one line (``hint``:
+    ``resume_hint``)."""
 
     def stopped() -> None:
-        reason = f"{STOPPED}; to continue, add {keys} to the same flwr run's --run-config"
+        reason = f"{STOPPED}; {hint}"
         rounds = recorder.stop(reason)
         if rounds is None:  # it had finished, failed, or was stopped already
             return
         logger.warning(
             "%s | stopped after round %d/%d (flwr stop, or a signal): %d rounds and their "
-            "checkpoint kept in %s; to continue, add %s to the same flwr run's --run-config",
+            "checkpoint kept in %s; %s",
             recorder.name,
             rounds,
             recorder.total_rounds,
             rounds,
             recorder.directory,
-            keys,
+            hint,
         )
 
     return stopped

@@ -131,7 +131,9 @@ def test_a_stopped_run_records_it_and_resumes_to_the_uninterrupted_run(
 def test_a_stop_after_the_end_changes_nothing(tmp_path: Path) -> None:
     """The handler is gone once the run ends: Flower's exit after a finished run (its
     normal path) writes no failure over it."""
+    registered = list(exit_handler.registered_exit_handlers)
     directory = _serve(tmp_path, "done")
+    assert exit_handler.registered_exit_handlers == registered  # the run's is gone
     exit_handler.trigger_exit_handlers(run_before_force_exit=True)
     assert (directory / SUMMARY_FILE).exists()
     assert not (directory / FAILURE_FILE).exists()
