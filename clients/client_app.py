@@ -225,6 +225,8 @@ def train_cohort(
     for group in _groups(_unpack(pairs, results)):
         for item in group:
             try:
+                floor = item.context.node_config.get(protocol.NODE_DP_MIN_NOISE)
+                privacy.device_floor(item.run, floor)
                 faults.before_fit(item.run, item.member.partition, item.config)
             except Exception as error:
                 results[item.index] = error
@@ -249,7 +251,10 @@ def _finish_fit(item: _Work, reply: Reply) -> Message:
     if run.group(privacy.PrivacySettings).dp is privacy.DpMode.DISTRIBUTED and received:
         mechanism = privacy.run_mechanism(run)
         assert mechanism is not None  # dp is not "none"
-        arrays = privacy.private_update(received, arrays, mechanism, privacy.secret_generator())
+        clip, std = faults.device_privacy(
+            run, partition, config, mechanism.clip, mechanism.share_std
+        )
+        arrays = privacy.private_update(received, arrays, clip, std, privacy.secret_generator())
     arrays, metrics = faults.after_fit(run, partition, config, received, arrays, metrics)
     device_state.count_round(item.context)
     device_state.persist(

@@ -5,6 +5,7 @@ Run-config key ``fault-injection`` says which partitions misbehave, how and when
 the ClientApp at the points where a real faulty or hostile client would act:
 
 - ``before_fit``: fail (``raise``) or be too late (``sleep``);
+- ``device_privacy``: under ``dp = "distributed"``, skip the noise share or the clip;
 - ``after_fit``: change what training produced (malformed arrays; sign-flipped,
   noisy, huge or inflated updates; bad mixture statistics);
 - ``on_wire``: break the reply message itself (bytes, serialization, metric types);
@@ -59,6 +60,19 @@ def before_fit(run: RunConfig, partition: int, config: ConfigRecord) -> None:
         raise InjectedFaultError(f"injected fault in round {server_round}")
     if "sleep" in active:
         time.sleep(run.round_timeout + 5.0)
+
+
+def device_privacy(
+    run: RunConfig, partition: int, config: ConfigRecord, clip: float, std: float
+) -> tuple[float, float]:
+    """The clip and the noise share a device applies under ``dp = "distributed"``: the
+    run's ``clip`` and ``std``, unless it is asked to skip one (``dp-no-clip``: no clip;
+    ``dp-no-noise``: no noise)."""
+    active = _active(run, partition, config_int(config, protocol.ROUND, default=0))
+    return (
+        float("inf") if "dp-no-clip" in active else clip,
+        0.0 if "dp-no-noise" in active else std,
+    )
 
 
 def after_fit(

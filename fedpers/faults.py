@@ -61,6 +61,9 @@ KINDS: dict[str, float | None] = {
     "sign-flip": 1.0,  # the update w - w_t sent as -scale (w - w_t)
     "noise": 1.0,  # Gaussian noise of this standard deviation added to the model's arrays
     "inflate": 1e12,  # num-examples claimed
+    # a device that breaks distributed DP (dp = "distributed")
+    "dp-no-noise": None,  # the update clipped but sent without its share of the noise
+    "dp-no-clip": None,  # the update noised but not clipped
     # attacks on the mixtures (FedEM, FedGMM)
     "responsibilities": -1e6,  # every responsibility (gamma) set to this value
     "responsibilities-shape": None,  # responsibilities with an extra row

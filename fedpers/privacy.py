@@ -18,10 +18,15 @@ Where the noise is added (``dp``):
   model after every round) against everyone else.
 - ``distributed``: each client clips its own update and adds its share of the noise,
   of standard deviation ``z C / sqrt(k)`` with ``k`` = ``dp-min-clients``, so any sum
-  of ``k`` replies carries the full noise. No update leaves a device un-noised; the
-  server tops a round with fewer than ``k`` usable replies up to the full noise before
-  it releases it. Without secure aggregation the server sees each reply, noised only by
-  its share (see docs/privacy.md).
+  of ``k`` replies carries the full noise. No update leaves a device un-noised. The
+  released noise never depends on how many replied: the server tops every round up to
+  ``max(k, m)`` shares (``m`` the fixed sample size), so a round releases the same
+  noise whoever replied; and it needs a fixed-size sample (``dp-sampling =
+  "without-replacement"``): under Poisson sampling the number of shares, visible in the
+  released noise, would say whether a client took part. A reply whose norm lies
+  outside what an honest clipped and noised update has (``distributed_band``) is left
+  out and its share topped up. Without secure aggregation the server sees each reply,
+  noised only by its share; who is trusted for what: docs/privacy.md.
 
 Sampling and the accountant. ``dp-sampling = "poisson"`` samples every seen client
 independently with probability ``fraction-train``; its guarantee is for
@@ -52,6 +57,7 @@ computed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import secrets
@@ -63,6 +69,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedpers.aggregation import weighted_mean
+from fedpers.protocol import NODE_DP_MIN_NOISE
 from fedpers.settings import ConfigError, at_least, finite, setting, step_size, within
 
 if TYPE_CHECKING:
@@ -161,6 +168,15 @@ class PrivacySettings:
                 "sized in multiples of the clip."
             )
         self._check_adaptive_clip()
+        if self.dp is DpMode.DISTRIBUTED and self.dp_sampling is DpSampling.POISSON:
+            raise ConfigError(
+                "run-config key 'dp' = 'distributed' needs dp-sampling = "
+                "'without-replacement': each device adds its own share of the noise, so "
+                "the released noise grows with the number of devices that replied, and "
+                "under Poisson sampling that number says whether a client took part "
+                "(docs/privacy.md). Set dp-sampling = 'without-replacement', or dp = "
+                "'central'."
+            )
 
     def _check_adaptive_clip(self) -> None:
         within("dp-clip-quantile", self.dp_clip_quantile, "[0, 1)")
@@ -275,6 +291,15 @@ class Mechanism:
         """Distributed: the standard deviation of the noise one client adds."""
         return self.sum_std / math.sqrt(self.min_clients)
 
+    @property
+    def released_shares(self) -> int:
+        """Distributed: the shares of noise every release carries, whoever replied:
+        ``max(k, m)`` for ``k`` = ``min_clients`` and the sample size ``m``; the server
+        adds those of the sampled devices that sent no usable reply. Above ``k`` (when
+        ``dp-min-clients`` is below the sample size) the release carries more noise
+        than the accountant counts, never less."""
+        return max(self.min_clients, round(self.cohort))
+
     def epsilon(self, releases: int) -> float:
         """Epsilon at ``delta`` after ``releases`` rounds (see ``epsilon``)."""
         return epsilon(
@@ -297,6 +322,7 @@ class Mechanism:
             "rounds": releases,
             "delta": self.delta,
             "min_clients": self.min_clients if self.mode is DpMode.DISTRIBUTED else None,
+            "released_shares": (self.released_shares if self.mode is DpMode.DISTRIBUTED else None),
             "server_lr": self.server_lr,
             "accountant": accountant_name(self.sampling),
             "epsilon": self.epsilon(releases),
@@ -431,15 +457,17 @@ def noised(
 def private_update(
     received: Mapping[str, np.ndarray],
     trained: Mapping[str, np.ndarray],
-    mechanism: Mechanism,
+    clip: float,
+    std: float,
     generator: np.random.Generator,
 ) -> dict[str, np.ndarray]:
     """Distributed DP on the device: the trained shared arrays with their update clipped
-    to ``C`` and noised by the client's share (``Mechanism.share_std``). Arrays the
-    server did not send (none in the built-in rows) pass unchanged."""
+    to ``clip`` and noised by ``std`` (the run's ``Mechanism.clip`` and
+    ``Mechanism.share_std``). Arrays the server did not send (none in the built-in
+    rows) pass unchanged."""
     shared = {name: trained[name] for name in trained if name in received}
     reference = {name: received[name] for name in shared}
-    private = noised(clipped(shared, reference, mechanism.clip), mechanism.share_std, generator)
+    private = noised(clipped(shared, reference, clip), std, generator)
     return {**dict(trained), **private}
 
 
@@ -453,11 +481,12 @@ def release(
     screened): ``w + lr (sum_c clip(Delta_c) + N(0, sigma^2)) / cohort``.
 
     Central: every update is clipped to ``C`` here and the noise has ``sigma = z C``.
-    Distributed: the devices clipped and noised their updates; the server clips each to
-    ``distributed_bound`` (which an honest noised update exceeds with probability below
-    1e-20, so only a device that skipped its clipping is cut) and adds only the noise
-    that the replies missing below ``k_min`` would have carried,
-    ``sigma = share_std sqrt(max(0, k_min - k))``.
+    Distributed: the devices clipped and noised their updates (the strategy left out
+    those outside ``distributed_band``); the server clips each to the band's top, which
+    an honest noised update exceeds with probability below ``exp(-50)``, and adds the
+    noise of the shares missing from ``released_shares``,
+    ``sigma = share_std sqrt(released_shares - k)``, so that the released noise is the
+    same however many replied.
 
     With the expected cohort complete (``k = cohort``, a sample without replacement with
     no reply lost) the mean is FedAvg's ``weighted_mean`` of the clipped arrays with
@@ -469,10 +498,14 @@ def release(
         kept = [clipped({n: u[n] for n in names}, reference, mechanism.clip) for u in updates]
         std = mechanism.sum_std
     else:
-        bound = distributed_bound(mechanism, sum(a.size for a in reference.values()))
+        _, bound = distributed_band(mechanism, sum(a.size for a in reference.values()))
         kept = [clipped({n: u[n] for n in names}, reference, bound) for u in updates]
-        missing = max(0, mechanism.min_clients - len(kept))
-        std = mechanism.share_std * math.sqrt(missing)
+        if len(kept) > mechanism.released_shares:
+            raise ValueError(
+                f"{len(kept)} replies, more than the {mechanism.released_shares} shares of "
+                "noise a release carries: a distributed release needs a fixed-size sample"
+            )
+        std = mechanism.share_std * math.sqrt(mechanism.released_shares - len(kept))
     k = len(kept)
     if k and k == mechanism.cohort:
         centre = weighted_mean(kept, [1.0] * k)
@@ -518,14 +551,90 @@ def adapted_clip(
     return mechanism.clip * math.exp(-mechanism.clip_lr * (fraction - mechanism.clip_quantile))
 
 
-def distributed_bound(mechanism: Mechanism, size: int) -> float:
-    """The largest norm of an honest device's noised update of ``size`` values:
-    ``C + s (sqrt(size) + 10)`` for the share's standard deviation ``s``. The noise's
-    norm is ``s`` times a chi variable of ``size`` degrees, whose standard deviation is
-    below ``1 / sqrt(2)``; by Gaussian concentration (the norm is 1-Lipschitz) it
-    exceeds its mean, at most ``s sqrt(size)``, by ``10 s`` with probability below
-    ``exp(-50)``."""
-    return mechanism.clip + mechanism.share_std * (math.sqrt(size) + 10)
+def distributed_band(mechanism: Mechanism, size: int) -> tuple[float, float]:
+    """The norms an honest device's update of ``size`` values has under distributed DP:
+    its update ``Delta`` clipped to ``C`` plus its share of the noise ``e``, standard
+    deviation ``s`` on every value. Each bound fails with probability below
+    ``exp(-50)``:
+
+    - above: ``||Delta + e||^2 = ||Delta||^2 + 2 <Delta, e> + ||e||^2``, with
+      ``<Delta, e> <= 10 s C`` (a Gaussian's tail) and
+      ``||e||^2 <= s^2 (d + 2 sqrt(50 d) + 100)`` (Laurent and Massart 2000, Lemma 1);
+    - below: ``||Delta + e|| >= ||e|| - C`` with ``||e||^2 >= s^2 (d - 2 sqrt(50 d))``.
+
+    A reply below the band left out most of its noise share; above it, it skipped its
+    clip. The band cannot tell a clip skipped by less than its width: an unclipped
+    update of norm ``D`` with its full share passes while
+    ``D^2 <~ C^2 + 20 s C + s^2 (4 sqrt(50 d) + 100)`` (docs/privacy.md). (0, inf)
+    without a finite clip.
+    """
+    clip, std = mechanism.clip, mechanism.share_std
+    if math.isinf(clip):
+        return 0.0, math.inf
+    spread = 2 * math.sqrt(50 * size)
+    low = std * math.sqrt(max(0.0, size - spread)) - clip
+    high = math.sqrt(clip * clip + 20 * std * clip + std * std * (size + spread + 100))
+    return max(0.0, low), high
+
+
+class DeviceFloorError(RuntimeError):
+    """A device's update would leave it with less noise than its own floor."""
+
+
+def sent_noise(run: RunConfig) -> float:
+    """The noise multiplier of the update a device of ``run`` sends: its noise share's
+    standard deviation over the clip under ``dp = "distributed"``
+    (``z / sqrt(dp-min-clients)``); 0 otherwise (the update leaves the device as
+    trained: the server, if any, adds the noise)."""
+    mechanism = run_mechanism(run)
+    if mechanism is None or mechanism.mode is not DpMode.DISTRIBUTED:
+        return 0.0
+    if math.isinf(mechanism.clip):
+        return 0.0
+    return mechanism.share_std / mechanism.clip
+
+
+def device_floor(run: RunConfig, floor: object) -> None:
+    """The device's own minimum noise (node config ``dp-min-noise``, None: no floor):
+    the device, not the server, decides how little noise its update may carry. A run
+    whose update would leave the device with a noise multiplier below it is refused
+    before training, so the server can lower none of ``dp``, ``dp-noise-multiplier``,
+    ``dp-min-clients`` or ``dp-clip`` below what the device accepts.
+
+    Raises
+    ------
+    DeviceFloorError
+        Naming the floor, what the run asks and the fix; also for a floor that is not a
+        number of at least 0.
+    """
+    if floor is None:
+        return
+    try:
+        least = float(floor)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        least = math.nan
+    if isinstance(floor, bool) or not 0 <= least < math.inf:
+        raise DeviceFloorError(
+            f"node config '{NODE_DP_MIN_NOISE}' = {floor!r} is not a noise multiplier (a "
+            f"number of at least 0): restart the SuperNode with --node-config "
+            f'"{NODE_DP_MIN_NOISE}=1.0" or without the key'
+        )
+    sent = sent_noise(run)
+    if sent >= least:
+        return
+    settings = run.group(PrivacySettings)
+    if settings.dp is not DpMode.DISTRIBUTED:
+        asked = f"dp = '{settings.dp}' sends it un-noised"
+    elif settings.dp_clip == 0:
+        asked = "dp-clip = 0 (no clip) gives it no noise share"
+    else:
+        asked = f"dp = 'distributed' gives its share a noise multiplier of {sent:.4g}"
+
+    raise DeviceFloorError(
+        f"this device's node config '{NODE_DP_MIN_NOISE}' = {least:g} refuses the run's "
+        f"update: {asked}. It sends no update; the run needs dp = 'distributed' with "
+        f"dp-noise-multiplier / sqrt(dp-min-clients) >= {least:g}"
+    )
 
 
 def poisson_sample(
@@ -636,6 +745,25 @@ CLIP = "dp.clip"  # rounds.jsonl, server, adaptive clipping: the clip of the rou
 NEXT_CLIP = "dp.next-clip"  # rounds.jsonl, server, adaptive clipping: the next round's
 
 
+def colluded(mechanism: Mechanism, fraction: float) -> Mechanism:
+    """Distributed DP when ``fraction`` of every release's noise shares belong to devices
+    that collude with the observer: each device knows its own share, so together they
+    subtract theirs, and the release keeps ``1 - fraction`` of its noise variance, a
+    noise multiplier of ``z sqrt(1 - fraction)`` (with secure aggregation too: the sum
+    it reveals still carries their shares). ``epsilon`` of the result is the guarantee
+    left against them.
+
+    Raises
+    ------
+    ValueError
+        If ``fraction`` is not in [0, 1).
+    """
+    if not 0 <= fraction < 1:
+        raise ValueError(f"a colluding fraction of the shares in [0, 1), not {fraction!r}")
+    left = mechanism.noise_multiplier * math.sqrt(1 - fraction)
+    return dataclasses.replace(mechanism, noise_multiplier=left)
+
+
 def run_mechanism(run: RunConfig) -> Mechanism | None:
     """The mechanism of ``run`` (None without ``dp``): its clients are the seen ones,
     sampled at ``fraction-train`` (``clients_per_round`` of them without replacement)
@@ -652,7 +780,9 @@ def run_mechanism(run: RunConfig) -> Mechanism | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fedpers.privacy --epsilon E --rounds T --rate Q --population N``: the
     noise multiplier that spends ``E`` (what ``dp-target-epsilon`` chooses), for runs
-    whose clients must size their own noise (``dp = "distributed"``)."""
+    whose clients must size their own noise (``dp = "distributed"``); with
+    ``--colluding F,...`` also the epsilon left against devices that hold the fractions
+    ``F`` of every release's noise shares (``colluded``)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m fedpers.privacy", description=main.__doc__)
@@ -662,17 +792,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--population", type=int, required=True, help="the seen clients")
     parser.add_argument("--delta", type=float, default=0.0, help="0: 1 / population^1.1")
     parser.add_argument("--sampling", choices=[str(s) for s in DpSampling], default="poisson")
+    parser.add_argument(
+        "--colluding", default="", help="comma-separated fractions of the shares, in [0, 1)"
+    )
     args = parser.parse_args(argv)
     sampling = DpSampling(args.sampling)
     cohort = args.rate * args.population
     if sampling is DpSampling.WITHOUT_REPLACEMENT:
         cohort = float(max(1, round(cohort)))
     delta = args.delta or default_delta(args.population)
-    noise = calibrate(
-        args.epsilon, sampling, cohort / args.population, args.population, cohort, args.rounds,
-        delta,
-    )  # fmt: skip
+    rate = cohort / args.population
+    noise = calibrate(args.epsilon, sampling, rate, args.population, cohort, args.rounds, delta)
     print(f"dp-noise-multiplier = {noise:.4f}  # epsilon {args.epsilon} at delta {delta:.3g}")  # noqa: T201
+    honest = Mechanism(
+        DpMode.DISTRIBUTED, 1.0, noise, sampling, args.population, rate, cohort, delta,
+        max(1, math.floor(cohort)), 1.0,
+    )  # fmt: skip
+    for text in filter(None, args.colluding.split(",")):
+        fraction = float(text)
+        left = colluded(honest, fraction)
+        print(  # noqa: T201
+            f"colluding {100 * fraction:g}% of the shares: noise multiplier "
+            f"{left.noise_multiplier:.4f}, epsilon {left.epsilon(args.rounds):.3f}"
+        )
     return 0
 
 

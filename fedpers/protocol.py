@@ -100,6 +100,8 @@ def arrays_digest(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_STATE_DIR = "state-dir"  # where the node snapshots its context.state
+# the least noise multiplier of the update this node sends (fedpers.privacy.device_floor)
+NODE_DP_MIN_NOISE = "dp-min-noise"
 
 # ---- context.state keys on the device ---------------------------------------------
 STATE_PERSONAL = "fedpers.personal"

@@ -57,6 +57,8 @@ SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.json"
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+RELEASES_FILE = "releases.json"  # a private run: noised models released (count_release)
+MOST_RELEASES = 10**9  # a count beyond this is damage, not rounds
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 RUN_NAME_RULE = (
     "one path segment of 1 to 128 characters from A-Za-z0-9 . _ + -, "
@@ -381,6 +383,21 @@ class RunRecorder:
             os.close(self._lock)
             self._lock = -1
 
+    def count_release(self, total: int) -> None:
+        """A private run is about to release its ``total``-th noised model: the count
+        is on disk (``releases.json``, replaced atomically and synced) before the model
+        leaves the server, so that a crash, a failed round or a stop that a resume
+        continues from cannot lose a release from the epsilon. Written also after a
+        stop: the model of the round in flight may still go out.
+
+        Raises
+        ------
+        OSError
+            If the count cannot be written; the model must then not be released.
+        """
+        with self._writing:
+            _write_json_atomic(self.directory / RELEASES_FILE, {"releases": total})
+
     def record(self, record: RoundRecord) -> None:
         """Append a round to ``rounds.jsonl`` and log its progress line.
 
@@ -586,6 +603,35 @@ def _record_failure(directory: Path, reason: str, rounds_completed: int) -> bool
         logger.error("%s: cannot write %s (%s): %s", directory, FAILURE_FILE, error, reason)
         return False
     return True
+
+
+def read_releases(directory: Path, at_least: int) -> int:
+    """The noised models a private run released (``RunRecorder.count_release``), for a
+    resume that continues its epsilon: at least ``at_least`` (its checkpoint's round).
+
+    Raises
+    ------
+    ResumeError
+        If ``releases.json`` is missing, damaged or counts fewer than ``at_least``: the
+        epsilon would then count too few releases.
+    """
+    path = directory / RELEASES_FILE
+    try:
+        count = json.loads(path.read_text(encoding="utf-8"))["releases"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        count = f"unreadable ({type(error).__name__})"
+    if (
+        isinstance(count, bool)
+        or not isinstance(count, int)
+        or not at_least <= count <= MOST_RELEASES
+    ):
+        raise ResumeError(
+            f"cannot resume {directory}: its {RELEASES_FILE}, the count of noised models "
+            f"the private run released, is {count!r}, not a count of at least "
+            f"{at_least} (its checkpoint's round), so its epsilon would count too few; "
+            f"restore the run's own {RELEASES_FILE}, or start afresh (resume = false)"
+        )
+    return count
 
 
 def read_token(directory: Path) -> str:

@@ -91,6 +91,9 @@ class FedpersStrategy(Strategy):
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
         self.privacy = privacy.run_mechanism(run)  # client-level DP, or None
         self.releases = 0  # rounds whose noised shared parts were released
+        # called with the new count before each release leaves the server (the recorder
+        # makes it durable: a resume continues from it)
+        self.on_release: Callable[[int], None] | None = None
         # adaptive clipping: the clip of the next release, and of the last one
         self.clip = self.privacy.clip if self.privacy is not None else math.inf
         self.applied_clip = self.clip
@@ -373,6 +376,8 @@ class FedpersStrategy(Strategy):
         generator = privacy.secret_generator()
         averaged = privacy.release(arrays, self.current_shared, mechanism, generator)
         self.releases += 1
+        if self.on_release is not None:
+            self.on_release(self.releases)
         self.applied_clip = self.clip
         if mechanism.adaptive:
             reference = self.current_shared
@@ -489,8 +494,40 @@ class FedpersStrategy(Strategy):
 
     # ------------------------------------------------------------------ screening
     def checks(self) -> list[screening.Check]:
-        """The checks a training reply must pass, in order (an algorithm may add)."""
-        return [screening.defect, screening.weight_defect, self.arrays_check, self.size_check]
+        """The checks a training reply must pass, in order (an algorithm may add); under
+        ``dp = "distributed"`` also ``noise_check``."""
+        checks: list[screening.Check] = [
+            screening.defect, screening.weight_defect, self.arrays_check, self.size_check
+        ]  # fmt: skip
+        mechanism = self.privacy
+        if mechanism is not None and mechanism.mode is privacy.DpMode.DISTRIBUTED:
+            checks.append(self.noise_check)
+        return checks
+
+    def noise_check(self, reply: Message) -> str | None:
+        """Distributed DP: a reply whose update of the shared parts is not what an
+        honest device sends, its update clipped and its share of the noise added
+        (``privacy.distributed_band``), is left out, so the server tops its share up.
+        The decision reads this reply alone, so no client changes what another
+        contributes."""
+        assert self.privacy is not None  # only a distributed run checks its noise
+        reference = self.sent_to(reply)
+        arrays = screening.arrays_of(reply)
+        norm = privacy.update_norm({n: arrays[n] for n in reference}, reference)
+        size = sum(values.size for values in reference.values())
+        low, high = privacy.distributed_band(self.privacy, size)
+        share = f"noise share of standard deviation {self.privacy.share_std:.3g}"
+        if norm < low:
+            return (
+                f"update norm {norm:.4g} below {low:.4g}, the least an update with its "
+                f"{share} has: the noise was left out"
+            )
+        if norm > high:
+            return (
+                f"update norm {norm:.4g} beyond {high:.4g}, the most an update clipped to "
+                f"dp-clip = {self.privacy.clip:g} with its {share} has: the clip was skipped"
+            )
+        return None
 
     def expected_arrays(self) -> dict[str, screening.ArraySpec]:
         """The arrays a training reply must carry: exactly the shared ones sent."""
@@ -662,10 +699,12 @@ class FedpersStrategy(Strategy):
         ``configure_train``, ``aggregate_train``, ``configure_evaluate`` and
         ``aggregate_evaluate``. ``train_config`` and ``evaluate_config`` default to the
         strategy's own (``train_config()``, ``evaluate_config()``). A resumed private
-        run counts every round before ``first_round`` as released (an upper bound)."""
+        run counts at least every round before ``first_round`` as released (the
+        ServerApp sets the count it made, ``releases.json``, which a round that failed
+        or was cut short after its release makes larger)."""
         self.summary()
         if self.privacy is not None and self.shared:
-            self.releases = first_round - 1
+            self.releases = max(self.releases, first_round - 1)
         return run_rounds(
             self,
             grid,

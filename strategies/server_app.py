@@ -28,6 +28,7 @@ from fedpers.checkpoint import (
 from fedpers.config import ConfigError, Engine, RunConfig
 from fedpers.families import RunSummary
 from fedpers.logs import explain_errors, route_to_flower
+from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult
 from fedpers.results import (
     SUMMARY_FILE,
@@ -36,6 +37,7 @@ from fedpers.results import (
     RunRecorder,
     RunStoppedError,
     final_mean,
+    read_releases,
     read_token,
     run_directory,
     write_failure,
@@ -119,6 +121,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     directory = run_directory(config.results_dir, run_name)
     checkpoint = _checkpoint_to_resume(config, directory)
+    releases = _releases_before(config, directory, checkpoint)
     recorder = RunRecorder(
         directory,
         {**config.to_mapping(), "run-name": run_name, "results-dir": str(directory.parent)},
@@ -137,6 +140,8 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
+    if strategy.privacy is not None and strategy.shared:  # each release counted on disk first
+        strategy.on_release = recorder.count_release
     # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
     # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
     waits = contextlib.nullcontext() if simulated(grid) else flower_waits.object_backoff()
@@ -146,6 +151,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         with stopping.on_flower_exit(stopping.stop_handler(recorder, hint)):
             with waits:
+                strategy.releases = releases
                 result, final = _run(grid, config, strategy, recorder, checkpoint, started)
             if recorder.stopped:
                 return
@@ -189,6 +195,20 @@ def _checkpoint_to_resume(config: RunConfig, directory: Path) -> Checkpoint | No
             token=read_token(directory),
             configuration=configuration_digest(config.to_mapping()),
         )
+    except ResumeError as error:
+        write_failure(directory, f"{type(error).__name__}: {error}")
+        raise
+
+
+def _releases_before(config: RunConfig, directory: Path, checkpoint: Checkpoint | None) -> int:
+    """The noised models a resumed private run released before (``releases.json``: at
+    least its checkpoint's rounds); 0 for a fresh or non-private run. A count that is
+    missing or damaged fails the run before anything starts."""
+    private = config.group(PrivacySettings).dp is not DpMode.NONE and bool(config.spec.shared)
+    if checkpoint is None or not private:
+        return 0
+    try:
+        return read_releases(directory, checkpoint.round)
     except ResumeError as error:
         write_failure(directory, f"{type(error).__name__}: {error}")
         raise

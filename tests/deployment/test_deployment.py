@@ -152,7 +152,10 @@ def test_distributed_dp_clips_and_noises_on_the_supernodes(
     round 1 as the noise-free run, the released model differs, and the server counted
     the epsilon that the accountant gives for what it released."""
     results = tmp_path / "results"
-    private = {**FEDREP_RUN, "dp": "distributed", "dp-clip": DP_CLIP, "dp-delta": 1e-5}
+    private = {
+        **FEDREP_RUN, "dp": "distributed", "dp-sampling": "without-replacement",
+        "dp-clip": DP_CLIP, "dp-delta": 1e-5,
+    }  # fmt: skip
     clip_only = {**private, "dp-noise-multiplier": 0.0}
     noised = {**private, "dp-noise-multiplier": DP_NOISE}
 
@@ -185,7 +188,7 @@ def test_distributed_dp_clips_and_noises_on_the_supernodes(
     assert noisy[0].evaluate["loss"] != pytest.approx(deployed[0].evaluate["loss"], rel=1e-6)
     for number, record in enumerate(noisy, start=1):
         expected = privacy.epsilon(
-            DpSampling.POISSON, DP_NOISE, 1.0, NODES, float(NODES), number, 1e-5
+            DpSampling.WITHOUT_REPLACEMENT, DP_NOISE, 1.0, NODES, float(NODES), number, 1e-5
         )
         assert record.server[privacy.EPSILON] == pytest.approx(expected, rel=1e-12)
     summary = read_summary(results / "noise-deployed")["privacy"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -102,7 +103,9 @@ def test_a_device_update_under_distributed_dp_is_clipped_before_its_noise() -> N
     mechanism = _mechanism(mode=DpMode.DISTRIBUTED, noise_multiplier=0.0, clip=0.5)
     received = {"body": np.zeros(3, np.float32)}
     trained = {"body": np.array([10.0, 0.0, 0.0], np.float32)}
-    out = privacy.private_update(received, trained, mechanism, privacy.secret_generator())
+    out = privacy.private_update(
+        received, trained, mechanism.clip, mechanism.share_std, privacy.secret_generator()
+    )
     np.testing.assert_allclose(out["body"], [0.5, 0.0, 0.0], rtol=1e-6)
 
 
@@ -127,21 +130,105 @@ def test_central_noise_has_the_stated_standard_deviation() -> None:
     assert abs(float(np.mean(released["w"]))) < 6 * sigma / math.sqrt(50_000)
 
 
+def _share(mechanism: Mechanism, zero: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What an honest device with no update sends: its share of the noise alone."""
+    return privacy.private_update(
+        zero, zero, mechanism.clip, mechanism.share_std, privacy.secret_generator()
+    )
+
+
 def test_distributed_shares_sum_to_the_stated_noise_and_missing_shares_are_topped_up() -> None:
-    mechanism = _mechanism(mode=DpMode.DISTRIBUTED, noise_multiplier=2.0, clip=1.0, min_clients=4)
+    mechanism = _mechanism(
+        mode=DpMode.DISTRIBUTED, noise_multiplier=2.0, clip=1.0, min_clients=4, cohort=4.0
+    )
     zero = {"w": np.zeros(20_000, dtype=np.float64)}
     low, high = _chi2_bounds(20_000)
     # One device's share: z C / sqrt(k_min)
-    share = privacy.private_update(zero, zero, mechanism, privacy.secret_generator())
-    assert low < float(np.mean((share["w"] / (2.0 / 2)) ** 2)) < high
+    assert low < float(np.mean((_share(mechanism, zero)["w"] / (2.0 / 2)) ** 2)) < high
     # Two usable replies of the four: the server adds the two missing shares, so the
     # released sum carries z C in all
-    replies = [
-        privacy.private_update(zero, zero, mechanism, privacy.secret_generator()) for _ in range(2)
-    ]
+    replies = [_share(mechanism, zero) for _ in range(2)]
     released = privacy.release(replies, zero, mechanism, privacy.secret_generator())
     total = released["w"] * mechanism.cohort  # the noised sum of the updates
     assert low < float(np.mean((total / 2.0) ** 2)) < high
+
+
+@pytest.mark.parametrize("replies", [0, 3, 8])
+def test_a_distributed_release_carries_the_same_noise_however_many_replied(replies: int) -> None:
+    """Issue 43: the released noise was max(n, k) shares, so with dp-min-clients k below
+    the sample size m its level said how many devices replied. Now every release
+    carries max(k, m) shares: here 8 of standard deviation z C / sqrt(4) = 1, so the
+    sum's noise has variance 8, for 0, 3 or all 8 replies."""
+    mechanism = _mechanism(
+        mode=DpMode.DISTRIBUTED, noise_multiplier=2.0, clip=1.0, min_clients=4, cohort=8.0
+    )
+    zero = {"w": np.zeros(20_000, dtype=np.float64)}
+    shares = [_share(mechanism, zero) for _ in range(replies)]
+    released = privacy.release(shares, zero, mechanism, privacy.secret_generator())
+    total = released["w"] * mechanism.cohort
+    low, high = _chi2_bounds(20_000)
+    assert mechanism.released_shares == 8
+    assert low < float(np.mean(total**2)) / 8 < high
+
+
+def test_distributed_dp_with_poisson_sampling_is_refused_naming_the_fix() -> None:
+    """Issue 43: under Poisson sampling the number of devices that replied, and with it
+    the released noise, depends on whether a client took part."""
+    with pytest.raises(ConfigError, match="needs dp-sampling = 'without-replacement'"):
+        load_run_config({"dp": "distributed"})
+    load_run_config({"dp": "distributed", "dp-sampling": "without-replacement"})
+    load_run_config({"dp": "central"})  # the server adds a fixed noise: Poisson is fine
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 30_000),
+    clip=st.floats(1e-3, 1e3),
+    noise=st.floats(0.0, 10.0),
+    min_clients=st.integers(1, 1000),
+    norm=st.floats(0.0, 1.0),
+)
+def test_an_honest_distributed_update_lies_within_the_band(
+    size: int, clip: float, noise: float, min_clients: int, norm: float
+) -> None:
+    """Whatever the size, clip and share, an update within the clip plus its share of
+    the noise lies within ``distributed_band`` (each side fails with probability below
+    exp(-50)); an update without its noise lies below the band wherever the band's
+    bottom is above the clip."""
+    mechanism = _mechanism(
+        mode=DpMode.DISTRIBUTED, noise_multiplier=noise, clip=clip, min_clients=min_clients
+    )
+    generator = np.random.default_rng(size)
+    direction = generator.normal(size=size)
+    update = direction / np.linalg.norm(direction) * norm * clip
+    zero = {"w": np.zeros(size)}
+    sent = privacy.private_update(
+        zero, {"w": update}, clip, mechanism.share_std, privacy.secret_generator()
+    )
+    low, high = privacy.distributed_band(mechanism, size)
+    assert low <= privacy.update_norm(sent, zero) <= high
+    if low > clip:
+        bare = privacy.private_update(zero, {"w": update}, clip, 0.0, privacy.secret_generator())
+        assert privacy.update_norm(bare, zero) < low
+
+
+def test_the_band_catches_a_skipped_clip_beyond_its_stated_width() -> None:
+    """An unclipped update of norm D with its full share passes only while
+    D^2 <~ C^2 + 20 s C + s^2 (4 sqrt(50 d) + 100) (docs/privacy.md): at 10,000 values,
+    C = 1 and s = z C / sqrt(k) = 0.5, about 27.3 C, where the bound before issue 43,
+    C + s (sqrt(d) + 10), let through 56 C. Twice that width is caught every time."""
+    mechanism = _mechanism(mode=DpMode.DISTRIBUTED, noise_multiplier=2.0, min_clients=16)
+    size, clip, std = 10_000, 1.0, mechanism.share_std
+    width = math.sqrt(clip**2 + 20 * std * clip + std**2 * (4 * math.sqrt(50 * size) + 100))
+    assert width == pytest.approx(27.26, abs=0.01)
+    _, high = privacy.distributed_band(mechanism, size)
+    generator = np.random.default_rng(0)
+    zero = {"w": np.zeros(size)}
+    for _ in range(20):
+        direction = generator.normal(size=size)
+        update = {"w": direction / np.linalg.norm(direction) * 2 * width}
+        sent = privacy.private_update(zero, update, math.inf, std, privacy.secret_generator())
+        assert privacy.update_norm(sent, zero) > high
 
 
 def test_noise_is_not_drawn_from_the_run_seed() -> None:
@@ -293,6 +380,7 @@ def test_calibration_spends_at_most_the_target(sampling: DpSampling) -> None:
         ({"dp": "central", "dp-clip-quantile": 0.5, "dp-clip": 0.0}, "starts there"),
         ({"dp": "central", "dp-clip-lr": 0.0}, "'dp-clip-lr'"),
         ({"dp": "central", "dp-clip-count-std": -1.0}, "'dp-clip-count-std'"),
+        ({"dp": "distributed"}, "needs dp-sampling = 'without-replacement'"),
     ],
 )
 def test_bad_privacy_settings_are_refused_before_the_run(overrides: dict, match: str) -> None:
@@ -403,3 +491,76 @@ def test_a_count_noise_too_small_for_the_noise_multiplier_is_refused() -> None:
     )
     with pytest.raises(ConfigError, match=r"must exceed half the noise multiplier \(1 / 2\)"):
         privacy.run_mechanism(run)
+
+
+def test_the_docs_list_the_algorithms_that_accept_dp_from_the_code() -> None:
+    """docs/privacy.md's opening names every algorithm a run with ``dp`` accepts and
+    that shares a model, and ``local``: before issue 43 it listed FedSGD (refused) and
+    left out six that accept it."""
+    from pathlib import Path
+
+    from fedpers import algorithms
+
+    accepted = set()
+    for name in algorithms.names():
+        try:
+            load_run_config({"algorithm": name, "dp": "central"})
+        except ConfigError:
+            continue
+        accepted.add(name)
+    text = (Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+    opening = text.split("\n\n")[1]
+    named = set(re.findall(r"`([a-z0-9-]+)`", opening)) & set(algorithms.names())
+    assert named == accepted
+
+
+@pytest.mark.parametrize(
+    ("floor", "run", "refused"),
+    [
+        (None, {"dp": "none"}, None),
+        (0.0, {"dp": "none"}, None),
+        (0.5, {"dp": "none"}, "dp = 'none' sends it un-noised"),
+        (0.5, {"dp": "central"}, "dp = 'central' sends it un-noised"),
+        (0.3, {"dp-noise-multiplier": 1.0}, None),  # 1 / sqrt(8) = 0.354
+        (0.5, {"dp-noise-multiplier": 1.0}, "a noise multiplier of 0.3536"),
+        (0.5, {"dp-noise-multiplier": 2.0}, None),
+        (0.5, {"dp-noise-multiplier": 2.0, "dp-clip": 0.0}, "dp-clip = 0 (no clip)"),
+        ("x", {"dp": "none"}, "is not a noise multiplier"),
+        (-1.0, {"dp": "none"}, "is not a noise multiplier"),
+        (True, {"dp": "none"}, "is not a noise multiplier"),
+        (math.nan, {"dp": "none"}, "is not a noise multiplier"),
+    ],
+)
+def test_a_device_floor_refuses_what_sends_less_noise(
+    floor: object, run: dict, refused: str | None
+) -> None:
+    values = {
+        "dp": "distributed", "dp-sampling": "without-replacement", "num-clients": 8,
+        "fraction-train": 1.0, **run,
+    }  # fmt: skip
+    config = load_run_config(values)
+    if refused is None:
+        privacy.device_floor(config, floor)
+    else:
+        with pytest.raises(privacy.DeviceFloorError, match=re.escape(refused)):
+            privacy.device_floor(config, floor)
+
+
+def test_colluders_leave_the_noise_of_the_shares_they_do_not_hold() -> None:
+    """The figures of docs/privacy.md's collusion table: z sqrt(1 - f), and the epsilon
+    the accountant gives it (the same accountant as the run's)."""
+    population, rate, rounds = 1000, 0.05, 30
+    delta = privacy.default_delta(population)
+    sampling = DpSampling.WITHOUT_REPLACEMENT
+    noise = privacy.calibrate(1.0, sampling, rate, population, 50.0, rounds, delta)
+    honest = _mechanism(
+        mode=DpMode.DISTRIBUTED, noise_multiplier=noise, population=population,
+        sampling_rate=rate, cohort=50.0, delta=delta, min_clients=50,
+    )  # fmt: skip
+    table = {0.0: (3.930, 1.000), 0.2: (3.515, 1.174), 0.5: (2.779, 1.683), 0.8: (1.757, 3.505)}
+    for fraction, (multiplier, spent) in table.items():
+        left = privacy.colluded(honest, fraction)
+        assert left.noise_multiplier == pytest.approx(multiplier, abs=6e-4)
+        assert left.epsilon(rounds) == pytest.approx(spent, abs=6e-4)
+    with pytest.raises(ValueError, match=r"in \[0, 1\)"):
+        privacy.colluded(honest, 1.0)

@@ -160,3 +160,132 @@ def test_each_release_clips_at_the_clip_the_round_before_chose() -> None:
     # within the clip: the two small updates and the missing client, 3 of 4
     assert strategy.applied_clip == 0.25
     assert strategy.clip == pytest.approx(0.25 * math.exp(-0.2 * (3 / 4 - 0.5)))
+
+
+# ------------------------------------------------------------------ issue 43's findings
+DISTRIBUTED = {
+    "dp": "distributed",
+    "dp-sampling": "without-replacement",
+    "fraction-train": 1.0,
+    "dp-noise-multiplier": 1.0,
+    "dp-delta": 1e-3,
+}
+
+
+def test_a_device_that_skips_its_noise_or_its_clip_is_left_out_and_topped_up(
+    tmp_path: Path,
+) -> None:
+    """Distributed DP: partition 0 sends its clipped update without its noise share,
+    partition 1 its noised update unclipped. Both lie outside the band an honest
+    device's update lies in (privacy.distributed_band), so both are left out, named,
+    every round, and their shares topped up by the server; the six honest devices never
+    are. Before issue 43 both were kept: the release carried 6/8 of the noise it
+    accounted for, and partition 1's update moved it 50 clips."""
+    directory = _run(
+        tmp_path, "cheats", **DISTRIBUTED,
+        **{"dp-clip": 1e-3, "fault-injection": "dp-no-noise:0,dp-no-clip:1"},
+    )  # fmt: skip
+    records = read_rounds(directory)
+    assert len(records) == 3
+    for record in records:
+        assert (record.sampled, record.replies) == (8, 6)
+        first, second = record.rejections
+        assert first.startswith("partition 0: update norm")
+        assert first.endswith("the noise was left out")
+        assert second.startswith("partition 1: update norm")
+        assert second.endswith("the clip was skipped")
+    summary = json.loads((directory / "summary.json").read_text())["privacy"]
+    assert summary["released_shares"] == 8
+
+
+def _serve(
+    tmp_path: Path, name: str, fail: Any = None, node_config: Any = None, **run: Any
+) -> Path:
+    """The ServerApp's main in process against an InProcessGrid (``fail``: as its own;
+    ``node_config``: extra node config of some partitions)."""
+    from flwr.app import Context, RecordDict
+
+    from fedpers.clients.client_app import app as client_app
+    from fedpers.strategies import server_app
+    from tests.helpers import InProcessGrid, run_config
+
+    values = run_config(**{**BASE, "results-dir": str(tmp_path), "run-name": name, **run})
+    grid = InProcessGrid(client_app, values, values["num-clients"], fail=fail)
+    for partition, extra in (node_config or {}).items():
+        grid.contexts[grid.node_of(partition)].node_config.update(extra)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values)
+    server_app.main(grid, context)  # type: ignore[arg-type]
+    return tmp_path / name
+
+
+def _round_3_fails(node: int, message: Any) -> str | None:
+    """Every node fails its training in round 3, after the server released round 3's
+    model (a private round releases the noised sum even of no reply) and sent it out
+    to be evaluated."""
+    from flwr.app import MessageType
+
+    from fedpers import protocol
+
+    config = message.content.config_records.get(protocol.CONFIG)
+    training = message.metadata.message_type == MessageType.TRAIN
+    return "killed" if training and config is not None and config.get(protocol.ROUND) == 3 else None
+
+
+def test_every_release_is_counted_across_failed_rounds_and_resumes(tmp_path: Path) -> None:
+    """Issue 43: round 3 releases its noised model, sends it out to be evaluated, then
+    fails (no usable reply: below min-replies), twice; the checkpoint stays at round 2.
+    Each failed attempt released a model, so the finished run has made 6 releases over
+    its 4 rounds, and its epsilon counts 6 (it counted 4 before: a resume restarted the
+    count from its checkpoint's round)."""
+    from fedpers.results import RELEASES_FILE
+    from fedpers.strategies.rounds import RoundFailedError
+
+    run = {"algorithm": "fedavg", "num-rounds": 4, "dp": "central", "dp-delta": 1e-5}
+    for attempt in range(2):
+        with pytest.raises(RoundFailedError, match="round 3"):
+            _serve(tmp_path, "run", fail=_round_3_fails, resume=attempt > 0, **run)
+        assert json.loads((tmp_path / "run" / RELEASES_FILE).read_text()) == {
+            "releases": 3 + attempt
+        }
+    directory = _serve(tmp_path, "run", resume=True, **run)
+    rounds = _rounds(directory)
+    assert [r["server"][privacy.RELEASES] for r in rounds] == [1, 2, 5, 6]
+    summary = json.loads((directory / "summary.json").read_text())["privacy"]
+    assert summary["rounds"] == 6
+    assert summary["epsilon"] == pytest.approx(
+        privacy.epsilon(DpSampling.POISSON, 1.0, 0.5, 8, 4.0, 6, 1e-5)
+    )
+    assert summary["epsilon"] > privacy.epsilon(DpSampling.POISSON, 1.0, 0.5, 8, 4.0, 4, 1e-5)
+
+
+@pytest.mark.parametrize("damage", ["missing", "lowered"])
+def test_a_resume_without_the_release_count_is_refused(tmp_path: Path, damage: str) -> None:
+    from fedpers.results import RELEASES_FILE
+    from fedpers.strategies.rounds import RoundFailedError
+
+    run = {"algorithm": "fedavg", "num-rounds": 4, "dp": "central", "dp-delta": 1e-5}
+    with pytest.raises(RoundFailedError):
+        _serve(tmp_path, "run", fail=_round_3_fails, **run)
+    count = tmp_path / "run" / RELEASES_FILE
+    if damage == "missing":
+        count.unlink()
+    else:
+        count.write_text('{"releases": 1}')
+    before = (tmp_path / "run" / "rounds.jsonl").read_bytes()
+    with pytest.raises(ResumeError, match=f"its {RELEASES_FILE}, the count of noised models"):
+        _serve(tmp_path, "run", resume=True, **run)
+    assert (tmp_path / "run" / "rounds.jsonl").read_bytes() == before  # nothing rewritten
+
+
+def test_a_device_refuses_a_run_below_its_own_noise_floor(tmp_path: Path) -> None:
+    """Node config dp-min-noise: the device, not the server, decides the least noise its
+    update leaves with. Partition 2's floor of 0.5 is above the run's share,
+    z / sqrt(k) = 1 / sqrt(8) = 0.354, so it sends nothing, every round, and says why;
+    partition 3's floor of 0.3 is met."""
+    floors = {2: {"dp-min-noise": 0.5}, 3: {"dp-min-noise": 0.3}}
+    directory = _serve(tmp_path, "floor", node_config=floors, **DISTRIBUTED)
+    for record in read_rounds(directory):
+        assert (record.sampled, record.replies) == (8, 7)
+        (rejection,) = record.rejections
+        assert rejection.startswith("partition 2:")
+        assert "'dp-min-noise' = 0.5 refuses the run's update" in rejection
