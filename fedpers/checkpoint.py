@@ -52,15 +52,18 @@ KEY_BYTES = 32
 
 # Run-config keys that do not change what a run computes, so a resume may differ in them
 # (config.json is compared on its own, on every key but `resume`): whether it resumes,
-# where it writes (`results-dir`, `run-name`, `tensorboard`), where the clients keep
+# where it writes (`results-dir`, `run-name`, `tensorboard`, `publish-dir`), where the clients keep
 # their snapshots (`client-state-dir`: what is there is checked node by node), and how
 # long the start waits for the nodes (`node-wait-timeout`: a resume takes its state from
 # the checkpoint, not from the start-up answers a longer wait could let in).
 # `round-timeout` counts: it decides which replies a round uses. So do `device` and
 # `client-threads`: the floats can differ between them.
 NOT_COMPUTED = frozenset(
-    {"resume", "results-dir", "run-name", "tensorboard", "client-state-dir", "node-wait-timeout"}
-)
+    {
+        "resume", "results-dir", "run-name", "tensorboard", "publish-dir", "client-state-dir",
+        "node-wait-timeout",
+    }
+)  # fmt: skip
 
 
 class ResumeError(ValueError):

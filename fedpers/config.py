@@ -408,10 +408,25 @@ class OutputSettings:
         "also write each round's metrics as TensorBoard event files in "
         "`<run directory>/tensorboard` (the `tensorboard` extra)",
     )
+    publish_dir: str = setting(
+        "",
+        "also write what may be published, and nothing that says who took part, to "
+        "`<publish-dir>/<run-name>/` when the run ends: the final shared model, the "
+        "evaluation curves and the privacy guarantee (docs/privacy.md); empty: not",
+    )
 
     def check(self) -> None:
         if self.run_name and (defect := run_name_defect(self.run_name)) is not None:
             raise ConfigError(defect + ".")
+        if not self.publish_dir:
+            return
+        published, results = Path(self.publish_dir).resolve(), Path(self.results_dir).resolve()
+        if published == results or results in published.parents:
+            raise ConfigError(
+                f"run-config key 'publish-dir' = '{self.publish_dir}' lies within "
+                f"results-dir = '{self.results_dir}': the publishable set would mix with the "
+                "run's own files (fedpers.publish); choose a directory outside results-dir."
+            )
 
 
 # The groups in the order of the docs and of pyproject.toml.

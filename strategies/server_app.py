@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fedpers import flower_waits, records, reports
+from fedpers import flower_waits, publish, records, reports
 from fedpers.atomic import save_npz
 from fedpers.checkpoint import (
     CHECKPOINT_FILE,
@@ -155,17 +155,35 @@ def main(grid: Grid, context: Context) -> None:
                 result, final = _run(grid, config, strategy, recorder, checkpoint, started)
             if recorder.stopped:
                 return
-            _save_arrays(directory / "final_arrays.npz", result.arrays)
-            summary = _summary(config, strategy, recorder, final, started)
-            written = recorder.finish(
-                summary, plots=[config.family.progress_metric], plot=reports.plot_rounds
-            )
+            written = _write_results(config, strategy, recorder, result, final, started)
     except RunStoppedError:
         return
     except Exception as error:
         recorder.fail(f"{type(error).__name__}: {error}")  # no-op after finish's own
         raise
     logger.info("summary: %s", _loggable(written, directory))
+
+
+def _write_results(
+    config: RunConfig,
+    strategy: FedpersStrategy,
+    recorder: RunRecorder,
+    result: Result,
+    final: FinalTestResult | None,
+    started: dict[str, float],
+) -> dict[str, Any]:
+    """A finished run's final arrays and summary, and with ``publish-dir`` the set that
+    may be published apart from them (``fedpers.publish``): the summary as written."""
+    arrays = {name: array.numpy() for name, array in result.arrays.items()}
+    save_npz(recorder.directory / "final_arrays.npz", arrays)
+    summary = _summary(config, strategy, recorder, final, started)
+    written = recorder.finish(
+        summary, plots=[config.family.progress_metric], plot=reports.plot_rounds
+    )
+    if config.publish_dir:  # what may be shared, apart from the operator's files
+        target = Path(config.publish_dir) / recorder.name
+        publish.write_published(target, recorder.records, written, arrays)
+    return written
 
 
 def _loggable(summary: dict[str, Any], directory: Path, most: int = 20) -> dict[str, Any]:
@@ -382,7 +400,3 @@ def _summary(
 
 def _plain_metrics(metrics: MetricRecord | None) -> dict[str, float]:
     return {} if metrics is None else records.numbers(metrics)
-
-
-def _save_arrays(path: Path, arrays: ArrayRecord) -> None:
-    save_npz(path, {n: a.numpy() for n, a in arrays.items()})

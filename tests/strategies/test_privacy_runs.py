@@ -289,3 +289,68 @@ def test_a_device_refuses_a_run_below_its_own_noise_floor(tmp_path: Path) -> Non
         (rejection,) = record.rejections
         assert rejection.startswith("partition 2:")
         assert "'dp-min-noise' = 0.5 refuses the run's update" in rejection
+
+
+def _keys(value: Any) -> set[str]:
+    """Every key of a JSON value, at any depth."""
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_a_private_run_publishes_apart_what_says_nothing_of_who_took_part(tmp_path: Path) -> None:
+    """Issue 43: rounds.jsonl names who was sampled, replied and was left out, which a
+    private run's guarantee does not cover. With publish-dir the run also writes the set
+    that may be published (the model, the evaluation curves, the guarantee): none of
+    those, and the guarantee recomputes from it alone with the accountant's own
+    library."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from fedpers import publish
+
+    directory = _run(
+        tmp_path, "private", dp="central",
+        **{"fraction-train": 1.0, "dp-noise-multiplier": 2.0, "dp-delta": 1e-5,
+           "fault-injection": "raise:1@2", "publish-dir": str(tmp_path / "public"),
+           "results-dir": str(tmp_path / "results")},
+    )  # fmt: skip
+    public = tmp_path / "public" / "private"
+    assert sorted(p.name for p in public.iterdir()) == sorted(publish.FILES)
+    rounds = _rounds(directory)
+    assert rounds[1]["rejections"][0].startswith("partition 1:")  # the operator's file says
+    curves = [json.loads(line) for line in (public / "curves.jsonl").read_text().splitlines()]
+    summary = json.loads((public / "summary.json").read_text())
+    keys = _keys(curves) | _keys(summary)
+    told = {"sampled", "replies", "failures", "evaluated", "rejections", "clients", "train",
+            "seconds", "client_accuracy", "bytes_sent", "startup_rejections", "server"}  # fmt: skip
+    assert not keys & told
+    assert "partition" not in (public / "curves.jsonl").read_text() + json.dumps(summary)
+    for line, record in zip(curves, rounds, strict=True):
+        assert line["evaluate"] == {k: record["evaluate"][k] for k in ("accuracy", "loss")}
+        assert line["epsilon"] == record["server"][privacy.EPSILON]
+    final = np.load(directory / "final_arrays.npz")
+    shared = np.load(public / "final_arrays.npz")
+    for name in final.files:
+        np.testing.assert_array_equal(final[name], shared[name])
+    # The guarantee from the published summary alone, with dp-accounting directly
+    mechanism = summary["privacy"]
+    accountant = PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
+    )
+    event = dp_accounting.PoissonSampledDpEvent(
+        mechanism["sampling_rate"], dp_accounting.GaussianDpEvent(mechanism["noise_multiplier"])
+    )
+    accountant.compose(event, mechanism["rounds"])
+    assert accountant.get_epsilon(mechanism["delta"]) == pytest.approx(mechanism["epsilon"])
+    assert curves[-1]["epsilon"] == mechanism["epsilon"]
+
+
+def test_a_publish_dir_that_would_mix_with_the_results_is_refused(tmp_path: Path) -> None:
+    from fedpers.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'publish-dir' = .* lies within results-dir"):
+        _run(tmp_path, "mixed", **{"publish-dir": str(tmp_path)})
+    assert not (tmp_path / "mixed").exists()
