@@ -141,6 +141,11 @@ class PrivacySettings:
     dp_clip_lr: float = setting(
         0.2, "adaptive clipping: the clip's geometric step, C <- C exp(-lr (b - quantile))"
     )
+    dp_audit_canaries: int = setting(
+        0,
+        "central: plant this many canary clients and report the empirical lower bound on "
+        "epsilon they give (fedpers.audit, Steinke et al. 2023; 10 to 10,000); 0: none",
+    )
     dp_clip_count_std: float = setting(
         0.0,
         "adaptive clipping: the noise on the count of updates within the clip (0: the "
@@ -168,6 +173,7 @@ class PrivacySettings:
                 "sized in multiples of the clip."
             )
         self._check_adaptive_clip()
+        self._check_audit()
         if self.dp is DpMode.DISTRIBUTED and self.dp_sampling is DpSampling.POISSON:
             raise ConfigError(
                 "run-config key 'dp' = 'distributed' needs dp-sampling = "
@@ -176,6 +182,24 @@ class PrivacySettings:
                 "under Poisson sampling that number says whether a client took part "
                 "(docs/privacy.md). Set dp-sampling = 'without-replacement', or dp = "
                 "'central'."
+            )
+
+    def _check_audit(self) -> None:
+        from fedpers.audit import FEWEST_CANARIES, MOST_CANARIES
+
+        count = self.dp_audit_canaries
+        if count == 0:
+            return
+        if not FEWEST_CANARIES <= count <= MOST_CANARIES:
+            raise ConfigError(
+                f"run-config key 'dp-audit-canaries' = {count}: plant 0 (no audit) or "
+                f"{FEWEST_CANARIES} to {MOST_CANARIES:,} canaries."
+            )
+        if self.dp is not DpMode.CENTRAL:
+            raise ConfigError(
+                f"run-config key 'dp-audit-canaries' audits dp = 'central' (the server "
+                f"plants the canaries), not dp = '{self.dp}': set dp = 'central', or "
+                "dp-audit-canaries = 0."
             )
 
     def _check_adaptive_clip(self) -> None:
@@ -236,6 +260,8 @@ class Mechanism:
     count_std : float
         Adaptive clipping: ``sigma_b``, the noise on the count of updates within the
         clip (0 without adaptive clipping).
+    audit_canaries : int
+        Canaries the server plants for the empirical audit (``fedpers.audit``; 0: none).
     """
 
     mode: DpMode
@@ -251,6 +277,7 @@ class Mechanism:
     clip_quantile: float = 0.0
     clip_lr: float = 0.2
     count_std: float = 0.0
+    audit_canaries: int = 0
 
     @property
     def adaptive(self) -> bool:
@@ -376,6 +403,7 @@ def mechanism(
     return Mechanism(
         settings.dp, clip, noise, settings.dp_sampling, population, rate, cohort,
         delta, minimum, settings.dp_server_lr, quantile, settings.dp_clip_lr, count_std,
+        settings.dp_audit_canaries,
     )  # fmt: skip
 
 

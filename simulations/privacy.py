@@ -3,7 +3,8 @@
     python -m simulations.privacy --out DIR [--num-clients 1000] [--num-rounds 100]
         [--fraction-train 0.1] [--epsilons 1,2,4,8,inf] [--seeds 3]
         [--methods fedrep,fedavg,lg-fedavg,ditto,local] [--dp-clip C] [--dp-server-lr LR]
-        [--run-config "key=value ..."] [--in-process] [--parallel N] [--quick]
+        [--audit-canaries M] [--run-config "key=value ..."] [--in-process] [--parallel N]
+        [--quick]
 
 Every (method, epsilon, seed) is one ``flwr run`` on MNIST-1D, 2 classes a client. A
 finite epsilon runs ``dp = "central"`` (``fedpers.privacy``): each sampled client's
@@ -22,6 +23,8 @@ Writes DIR/summary.json: ``final_accuracy[method][epsilon]`` (epsilon keys ``1``
 ``4``, ``8``, ``inf``; mean over seeds) with ``final_accuracy_std``,
 ``final_accuracy_ci95``, ``per_seed``; ``client_p10[method][epsilon]`` (first seed);
 ``epsilon_spent[method][epsilon]`` (what the accountant counted, the largest over seeds);
+``audit_epsilon_lower[method][epsilon]`` (with ``--audit-canaries``: the one-run audit's
+lower bound, ``fedpers.audit``, the largest over seeds; null where not audited);
 ``mechanism[method][epsilon]`` (``noise_multiplier``, ``clip``, ``sampling_rate``,
 ``sampling``, ``neighboring``, ``population``, ``rounds``, ``delta``, ...: enough to
 recompute the guarantee with another accountant; null without DP); ``paired``: per
@@ -55,6 +58,7 @@ from fedpers.simulations.tables import interval, markdown_table, seeds_note, wri
 METHODS = ("fedrep", "fedavg", "lg-fedavg", "ditto", "local")
 NON_PRIVATE = "local"  # shares nothing: no noise, no privacy cost
 EPSILONS = "1,2,4,8,inf"
+AUDIT_QUICK = 200  # canaries of a quick run's private runs
 INF = "inf"
 
 # The experiment: MNIST-1D, 1,000 clients x 2 classes, 100 rounds, 10% of the clients a
@@ -103,11 +107,13 @@ def parse_epsilons(text: str) -> list[str]:
     return keys
 
 
-def private_values(epsilon: str, method: str) -> dict[str, Any]:
-    """The run-config keys of ``method`` at ``epsilon``: central DP spending it, or none."""
+def private_values(epsilon: str, method: str, canaries: int = 0) -> dict[str, Any]:
+    """The run-config keys of ``method`` at ``epsilon``: central DP spending it (audited
+    with ``canaries`` canaries, if any), or none."""
     if epsilon == INF or method == NON_PRIVATE:
         return {"dp": "none"}
-    return {"dp": "central", "dp-target-epsilon": float(epsilon)}
+    audit = {"dp-audit-canaries": canaries} if canaries else {}
+    return {"dp": "central", "dp-target-epsilon": float(epsilon), **audit}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -122,8 +128,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}"
     )
+    parser.add_argument(
+        "--audit-canaries",
+        type=int,
+        default=None,
+        help="canaries each private run plants for the one-run audit (fedpers.audit; "
+        f"{AUDIT_QUICK} with --quick, else 0: the documented grid ran without)",
+    )
     add_in_process_flag(parser)
     args = parser.parse_args(argv)
+    if args.audit_canaries is None:
+        args.audit_canaries = AUDIT_QUICK if args.quick else 0
     epsilons = parse_epsilons(args.epsilons)
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(METHODS))
@@ -165,7 +180,7 @@ def _run_grid(
     runs = [
         {
             **values,
-            **private_values(e, m),
+            **private_values(e, m, args.audit_canaries),
             "algorithm": m,
             "seed": s,
             "results-dir": str(root),
@@ -215,9 +230,10 @@ def _summary(
         }
         for m in methods
     }
-    summary["epsilon_spent"] = {
-        m: {e: _spent([runs[(m, e, s)] for s in seeds]) for e in epsilons} for m in methods
-    }
+    for key, over_seeds in (("epsilon_spent", _spent), ("audit_epsilon_lower", _audited)):
+        summary[key] = {
+            m: {e: over_seeds([runs[(m, e, s)] for s in seeds]) for e in epsilons} for m in methods
+        }
     summary["mechanism"] = {
         m: {e: _mechanism(runs[(m, e, seeds[0])]) for e in epsilons} for m in methods
     }
@@ -252,6 +268,13 @@ def _spent(summaries: Sequence[Mapping[str, Any]]) -> float:
     spent = [(s.get("privacy") or {}).get("epsilon") for s in summaries]
     known = [float(v) for v in spent if v is not None]
     return max(known) if known else 0.0
+
+
+def _audited(summaries: Sequence[Mapping[str, Any]]) -> float | None:
+    """The audit's lower bound on epsilon, the largest over seeds (None: not audited)."""
+    found = [((s.get("privacy") or {}).get("audit") or {}).get("epsilon_lower") for s in summaries]
+    known = [float(v) for v in found if v is not None]
+    return max(known) if known else None
 
 
 def _mechanism(summary: Mapping[str, Any]) -> dict[str, Any] | None:

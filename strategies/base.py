@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import (
@@ -52,6 +53,9 @@ from fedpers.seeding import rng
 from fedpers.strategies import final_tests, screening
 from fedpers.strategies.federation import Federation, PopulationError
 from fedpers.strategies.rounds import EvaluateFn, run_rounds
+
+if TYPE_CHECKING:
+    from fedpers.audit import CanaryAudit
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +98,7 @@ class FedpersStrategy(Strategy):
         # called with the new count before each release leaves the server (the recorder
         # makes it durable: a resume continues from it)
         self.on_release: Callable[[int], None] | None = None
+        self.audit: CanaryAudit | None = None  # dp-audit-canaries: planted at the first release
         # adaptive clipping: the clip of the next release, and of the last one
         self.clip = self.privacy.clip if self.privacy is not None else math.inf
         self.applied_clip = self.clip
@@ -375,6 +380,8 @@ class FedpersStrategy(Strategy):
         mechanism = dataclasses.replace(run_mechanism, clip=self.clip)
         generator = privacy.secret_generator()
         averaged = privacy.release(arrays, self.current_shared, mechanism, generator)
+        if mechanism.audit_canaries:
+            averaged = self.with_canaries(averaged, mechanism, generator)
         self.releases += 1
         if self.on_release is not None:
             self.on_release(self.releases)
@@ -385,6 +392,29 @@ class FedpersStrategy(Strategy):
             missing = max(0, len(self.sampled) - len(arrays))
             self.clip = privacy.adapted_clip(norms, missing, mechanism, generator)
         return averaged
+
+    def with_canaries(
+        self,
+        averaged: dict[str, np.ndarray],
+        mechanism: privacy.Mechanism,
+        generator: np.random.Generator,
+    ) -> dict[str, np.ndarray]:
+        """The release ``averaged`` with this round's canary updates in its sum (before
+        or after the noise is the same distribution), scored as the auditor scores them
+        (``fedpers.audit``); the canaries are planted at the first release."""
+        from fedpers.audit import CanaryAudit, unflatten
+
+        reference = self.current_shared
+        if self.audit is None:
+            self.audit = CanaryAudit.plant(mechanism.audit_canaries, reference, generator)
+        flat = self.audit.contribution(mechanism.clip, mechanism.sampling_rate, generator)
+        step = mechanism.server_lr / mechanism.cohort
+        moved = {
+            name: (averaged[name].astype(np.float64) + step * extra).astype(averaged[name].dtype)
+            for name, extra in unflatten(flat, reference).items()
+        }
+        self.audit.observe(reference, moved)
+        return moved
 
     def resume_after(self, records: Sequence[RoundRecord]) -> None:
         """Continue a resumed run from ``records`` (its rounds up to its checkpoint's):

@@ -394,7 +394,10 @@ def _summary(
     summary["evaluate_megabytes"] = sum(r.server.get(EVALUATE_BYTES, 0.0) for r in records_) / 1e6
     mechanism = strategy.privacy
     if mechanism is not None:  # client-level DP: the guarantee, recomputable elsewhere
-        summary["privacy"] = mechanism.record(strategy.releases)
+        guarantee = mechanism.record(strategy.releases)
+        if strategy.audit is not None:  # the canaries' lower bound, beside the accountant's
+            guarantee["audit"] = strategy.audit.result(mechanism.delta)
+        summary["privacy"] = guarantee
     return summary
 
 

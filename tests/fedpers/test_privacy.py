@@ -381,6 +381,14 @@ def test_calibration_spends_at_most_the_target(sampling: DpSampling) -> None:
         ({"dp": "central", "dp-clip-lr": 0.0}, "'dp-clip-lr'"),
         ({"dp": "central", "dp-clip-count-std": -1.0}, "'dp-clip-count-std'"),
         ({"dp": "distributed"}, "needs dp-sampling = 'without-replacement'"),
+        # the one-run audit
+        ({"dp": "central", "dp-audit-canaries": 5}, "'dp-audit-canaries' = 5"),
+        ({"dp": "central", "dp-audit-canaries": 10_001}, "'dp-audit-canaries' = 10001"),
+        ({"dp-audit-canaries": 100}, "audits dp = 'central'"),
+        (
+            {"dp": "distributed", "dp-sampling": "without-replacement", "dp-audit-canaries": 100},
+            "audits dp = 'central'",
+        ),
     ],
 )
 def test_bad_privacy_settings_are_refused_before_the_run(overrides: dict, match: str) -> None:

@@ -52,6 +52,9 @@ def test_privacy_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) 
         assert summary["epsilon_spent"][m]["inf"] == 0.0
         spent = summary["epsilon_spent"][m]["2"]
         assert 2.0 * 0.98 <= spent <= 2.0
+        # the one-run audit beside the accountant (200 canaries): never above it
+        assert 0.0 <= summary["audit_epsilon_lower"][m]["2"] <= spent
+        assert summary["audit_epsilon_lower"][m]["inf"] is None
         mechanism = summary["mechanism"][m]["2"]
         assert mechanism["sampling"] == "poisson"
         assert mechanism["neighboring"] == "add-or-remove-one"

@@ -354,3 +354,24 @@ def test_a_publish_dir_that_would_mix_with_the_results_is_refused(tmp_path: Path
     with pytest.raises(ConfigError, match=r"'publish-dir' = .* lies within results-dir"):
         _run(tmp_path, "mixed", **{"publish-dir": str(tmp_path)})
     assert not (tmp_path / "mixed").exists()
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "without-replacement"])
+def test_every_audited_run_stays_below_what_its_accountant_counts(
+    tmp_path: Path, sampling: str
+) -> None:
+    """Issue 43's grid: 3 epsilons x 2 algorithms x this sampling scheme, each run with
+    300 canaries planted by the server (fedpers.audit): the summary records the audit
+    beside the accountant, and its lower bound never exceeds the accountant's epsilon
+    (a broken mechanism is caught: tests/fedpers/test_audit.py)."""
+    for algorithm in ("fedrep", "fedavg"):
+        for target in (1.0, 4.0, 16.0):
+            directory = _run(
+                tmp_path, f"{algorithm}-{target:g}", algorithm=algorithm, dp="central",
+                **{"dp-target-epsilon": target, "dp-sampling": sampling, "dp-delta": 1e-5,
+                   "dp-audit-canaries": 300},
+            )  # fmt: skip
+            summary = json.loads((directory / "summary.json").read_text())["privacy"]
+            found = summary["audit"]
+            assert (found["canaries"], found["guesses"], found["rounds"]) == (300, 60, 3)
+            assert 0 <= found["epsilon_lower"] <= summary["epsilon"] <= target
