@@ -617,9 +617,7 @@ def sent_noise(run: RunConfig) -> float:
     mechanism = run_mechanism(run)
     if mechanism is None or mechanism.mode is not DpMode.DISTRIBUTED:
         return 0.0
-    if math.isinf(mechanism.clip):
-        return 0.0
-    return mechanism.share_std / mechanism.clip
+    return mechanism.share_std / mechanism.clip  # 0 without a clip: no share then
 
 
 def device_floor(run: RunConfig, floor: object) -> None:
@@ -821,7 +819,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delta", type=float, default=0.0, help="0: 1 / population^1.1")
     parser.add_argument("--sampling", choices=[str(s) for s in DpSampling], default="poisson")
     parser.add_argument(
-        "--colluding", default="", help="comma-separated fractions of the shares, in [0, 1)"
+        "--colluding",
+        type=_fractions,
+        default=[],
+        help="comma-separated fractions of the shares, each in [0, 1)",
     )
     args = parser.parse_args(argv)
     sampling = DpSampling(args.sampling)
@@ -836,14 +837,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         DpMode.DISTRIBUTED, 1.0, noise, sampling, args.population, rate, cohort, delta,
         max(1, math.floor(cohort)), 1.0,
     )  # fmt: skip
-    for text in filter(None, args.colluding.split(",")):
-        fraction = float(text)
+    for fraction in args.colluding:
         left = colluded(honest, fraction)
         print(  # noqa: T201
             f"colluding {100 * fraction:g}% of the shares: noise multiplier "
             f"{left.noise_multiplier:.4f}, epsilon {left.epsilon(args.rounds):.3f}"
         )
     return 0
+
+
+def _fractions(text: str) -> list[float]:
+    """``--colluding``: comma-separated numbers in [0, 1)."""
+    import argparse
+
+    try:
+        fractions = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not comma-separated numbers") from None
+    if not all(0 <= f < 1 for f in fractions):
+        raise argparse.ArgumentTypeError(f"'{text}': each fraction must be in [0, 1)")
+    return fractions
 
 
 if __name__ == "__main__":

@@ -572,3 +572,17 @@ def test_colluders_leave_the_noise_of_the_shares_they_do_not_hold() -> None:
         assert left.epsilon(rounds) == pytest.approx(spent, abs=6e-4)
     with pytest.raises(ValueError, match=r"in \[0, 1\)"):
         privacy.colluded(honest, 1.0)
+
+
+def test_the_collusion_command_prints_the_table_and_refuses_a_bad_fraction(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--epsilon", "1", "--rounds", "30", "--rate", "0.05", "--population", "1000",
+            "--sampling", "without-replacement"]  # fmt: skip
+    privacy.main([*args, "--colluding", "0.2,0.5"])
+    printed = capsys.readouterr().out
+    assert "colluding 20% of the shares: noise multiplier 3.5148, epsilon 1.174" in printed
+    assert "colluding 50% of the shares: noise multiplier 2.7787, epsilon 1.683" in printed
+    for bad in ("1.5", "x", "-0.1"):
+        with pytest.raises(SystemExit):
+            privacy.main([*args, "--colluding", bad])
