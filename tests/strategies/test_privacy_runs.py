@@ -179,8 +179,8 @@ def test_a_device_that_skips_its_noise_or_its_clip_is_left_out_and_topped_up(
     partition 1 its noised update unclipped. Both lie outside the band an honest
     device's update lies in (privacy.distributed_band), so both are left out, named,
     every round, and their shares topped up by the server; the six honest devices never
-    are. Before issue 43 both were kept: the release carried 6/8 of the noise it
-    accounted for, and partition 1's update moved it 50 clips."""
+    are. Before issue 43 both were kept: partition 0's missing share was not topped up,
+    and partition 1's update was cut only at C + s (sqrt(d) + 10)."""
     directory = _run(
         tmp_path, "cheats", **DISTRIBUTED,
         **{"dp-clip": 1e-3, "fault-injection": "dp-no-noise:0,dp-no-clip:1"},
