@@ -40,7 +40,6 @@ from scipy import stats
 
 CONFIDENCE = 0.95  # the audit's lower bound holds with this probability
 GUESS_FRACTION = 0.1  # guesses on each side: this fraction of the canaries (at least 1)
-FEWEST_CANARIES, MOST_CANARIES = 10, 10_000
 EPSILON_CEILING = 50.0  # the search stops here: an audit this strong has found a broken run
 
 

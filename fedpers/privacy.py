@@ -94,6 +94,10 @@ class DpSampling(StrEnum):
 ADD_OR_REMOVE_ONE = "add-or-remove-one"
 REPLACE_ONE = "replace-one"
 
+# dp-audit-canaries: fewer show nothing; more cost M x d float32 values on the server.
+# Here, not in fedpers.audit, so that checking a configuration imports no scipy.
+FEWEST_CANARIES, MOST_CANARIES = 10, 10_000
+
 # The accountant's discretization of the privacy loss: 1e-3 gives an epsilon within 1e-4
 # (relative) of 1e-4's and never below it, ten times faster (tests/fedpers/test_privacy.py).
 PLD_DISCRETIZATION = 1e-3
@@ -185,8 +189,6 @@ class PrivacySettings:
             )
 
     def _check_audit(self) -> None:
-        from fedpers.audit import FEWEST_CANARIES, MOST_CANARIES
-
         count = self.dp_audit_canaries
         if count == 0:
             return

@@ -141,6 +141,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
     if strategy.privacy is not None and strategy.shared:  # each release counted on disk first
+        strategy.releases = releases
         strategy.on_release = recorder.count_release
     # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
     # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
@@ -151,7 +152,6 @@ def main(grid: Grid, context: Context) -> None:
     try:
         with stopping.on_flower_exit(stopping.stop_handler(recorder, hint)):
             with waits:
-                strategy.releases = releases
                 result, final = _run(grid, config, strategy, recorder, checkpoint, started)
             if recorder.stopped:
                 return
