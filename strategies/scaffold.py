@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
-from fedpers.algorithms.scaffold import CONTROL, ScaffoldSettings, is_control
+from fedpers.algorithms.scaffold import CONTROL, ScaffoldSettings, is_control, variate_scale
 from fedpers.strategies import screening
 from fedpers.strategies.base import FedpersStrategy, step_toward
 
@@ -64,13 +64,14 @@ class Scaffold(FedpersStrategy):
         return [*super().checks(), self.variate_defect]
 
     def variate_defect(self, reply: Message) -> str | None:
-        """Why a reply's control variate is not ``(x - y) / (K eta_l)``, or None.
+        """Why a reply's control variate is not ``(x - y) / (K eta)``, or None.
 
         An honest client returns exactly that (option II; ``fedpers/algorithms/
-        scaffold.py``): ``x`` what was sent, ``y`` its model, ``eta_l`` the round's step
-        size and ``K`` its steps, ``epochs x ceil(n / batch-size)`` for its ``n``
-        examples. So the variate is a function of the model the reply returns, which the
-        update cap bounds against the round's other replies, and the server's ``c``,
+        scaffold.py``): ``x`` what was sent, ``y`` its model, ``eta`` the step size of
+        the round's ``eta_l`` under the run's momentum (``variate_scale``) and ``K`` its
+        steps, ``epochs x ceil(n / batch-size)`` for its ``n`` examples. So the variate
+        is a function of the model the reply returns, which the update cap bounds
+        against the round's other replies, and the server's ``c``,
         the mean of such variates, is bounded by them: a variate scaled on its own (x50,
         every round) used to pass each round's cap while ``c`` grew to 3.9e8 in five
         rounds, against norms it had itself inflated.
@@ -78,7 +79,7 @@ class Scaffold(FedpersStrategy):
         lr, epochs = self.sent_step
         arrays = screening.arrays_of(reply)
         n = int(screening.num_examples(reply))
-        scale = lr * epochs * math.ceil(n / self.run.batch_size)
+        scale = variate_scale(lr, epochs * math.ceil(n / self.run.batch_size), self.run.momentum)
         for name, sent in self.current_shared.items():
             if is_control(name):
                 continue
@@ -91,7 +92,8 @@ class Scaffold(FedpersStrategy):
             if not np.all(np.abs(returned - expected) <= tolerance):
                 return (
                     f"control variate '{CONTROL}{name}' is not (x - y) / (K lr) of the model "
-                    f"it returned (K = {epochs} x ceil({n} / {self.run.batch_size}))"
+                    f"it returned (K = {epochs} x ceil({n} / {self.run.batch_size}), momentum "
+                    f"{self.run.momentum:g})"
                 )
         return None
 
