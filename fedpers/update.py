@@ -20,6 +20,7 @@ from flwr.app import Array, ArrayRecord
 from torch.nn import functional as F
 
 from fedpers import protocol, records
+from fedpers.algorithms import FinalTest
 from fedpers.cohort import Arrays, Cohort, Member, Metrics, Reply
 from fedpers.data.client import ClientData, adaptation_split, clients_data
 from fedpers.models import build_model
@@ -245,17 +246,19 @@ class Personalized(Local):
     def evaluate(self, stack: Stack) -> list[Metrics]:
         """Every member's test figures with ``stack``: an unseen client (config
         ``unseen``) on the part of its data the mixtures do not adapt on, without
-        adapting; with ``finetune-epochs`` > 0 after that many epochs of head training
-        on its training data (the +FT rows; not stored)."""
+        adapting; with ``finetune-epochs`` > 0 after that many epochs of training on its
+        training data (not stored): of the head (the +FT rows), or of the whole model
+        where the row says so (``FinalTest.FINETUNE_ALL``: FedBABU)."""
         if records.config_int(self.config, protocol.UNSEEN, default=0):
             fraction = records.config_float(self.config, protocol.ADAPT_FRACTION)
             return [test_metrics(s) for s in evaluate(stack, self.adaptation_data(fraction)[1])]
         epochs = records.config_int(self.config, protocol.FINETUNE_EPOCHS, default=0)
         if epochs > 0:
+            whole = self.run.spec.final_test is FinalTest.FINETUNE_ALL
             train(
                 stack,
                 self.train_data(),
-                parts=(protocol.HEAD,),
+                parts=protocol.MODEL_PARTS if whole else (protocol.HEAD,),
                 epochs=epochs,
                 settings=self.sgd(),
                 generators=self.generators("finetune", self.round),

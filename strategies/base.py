@@ -492,7 +492,7 @@ class FedpersStrategy(Strategy):
     ) -> FinalTestResult | None:
         """The test after the last round: fine-tuned heads (``final_test`` of the row),
         or the unseen clients after adapting; None for neither."""
-        if self.spec.final_test is FinalTest.FINETUNE:
+        if self.spec.final_test in (FinalTest.FINETUNE, FinalTest.FINETUNE_ALL):
             return final_tests.finetuned(
                 self, grid, arrays, config, server_round, timeout, epochs=self.run.finetune_epochs
             )

@@ -57,6 +57,7 @@ class FinalTest(StrEnum):
 
     NONE = "none"
     FINETUNE = "finetune"  # fine-tune the head for ``finetune-epochs``, then test
+    FINETUNE_ALL = "finetune-all"  # fine-tune body and head for ``finetune-epochs``, then test
 
 
 @dataclass(frozen=True)

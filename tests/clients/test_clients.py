@@ -274,3 +274,50 @@ def test_fedbabu_trains_only_the_body_and_its_head_stays_the_shared_initial_one(
     assert any(
         not np.array_equal(replies[0][name], replies[1][name]) for name in replies[0]
     )  # the bodies did train, on different data
+
+
+def test_fedbabu_fine_tunes_its_whole_model_before_the_final_test() -> None:
+    # Issue 42: FedBABU's experiments personalize by fine-tuning the whole model (and
+    # Flower's FedBABU baseline puts every parameter in its fine-tuning optimizer); it
+    # fine-tuned the head alone, the +FT protocol of FedRep's table. The oracle: the loop
+    # fedpers ran before cohorts (tests/fedpers/reference_loop.py), from the seeded model,
+    # on the client's training data, with the client's fine-tuning stream.
+    import torch
+
+    from fedpers.data.client import client_data
+    from fedpers.models import build_model
+    from fedpers.seeding import int_seed
+    from fedpers.training import SGDSettings
+    from tests.fedpers import reference_loop
+
+    partition, server_round, epochs = 3, 7, 2
+    client = _client("fedbabu", RecordDict(), partition=partition)
+    run = client.run
+    config = {protocol.ROUND: server_round, protocol.FINETUNE_EPOCHS: epochs, protocol.LR: 0.05}
+    metrics = client.evaluate(client.initial_arrays(), ConfigRecord(config))
+    data = client_data(run, partition)
+    settings = SGDSettings(
+        lr=0.05, momentum=run.momentum, weight_decay=run.weight_decay, batch_size=run.batch_size
+    )
+
+    def oracle(parts: tuple[str, ...]) -> Any:
+        model = build_model("digits-mlp", 10, int_seed(run.seed, "model"))
+        reference_loop.train(
+            model,
+            torch.tensor(data.x_train),
+            torch.tensor(data.y_train, dtype=torch.int64),
+            parts=parts,
+            epochs=epochs,
+            settings=settings,
+            generator=torch.Generator().manual_seed(
+                int_seed(run.seed, "finetune", partition, server_round)
+            ),
+        )
+        x, y = torch.tensor(data.x_test), torch.tensor(data.y_test, dtype=torch.int64)
+        return reference_loop.evaluate(model, x, y)
+
+    whole = oracle(("body", "head"))
+    assert metrics[protocol.ACCURACY] == whole.accuracy
+    assert metrics[protocol.LOSS] == pytest.approx(whole.loss, rel=1e-6)
+    head = oracle(("head",))  # what it did before: far from what it does now
+    assert abs(metrics[protocol.LOSS] - head.loss) > 1e-3
