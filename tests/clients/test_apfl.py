@@ -102,7 +102,13 @@ def test_two_rounds_of_apfl_are_algorithm_1_with_adaptive_alpha() -> None:
 
 def test_a_fixed_alpha_stays_and_the_client_is_tested_with_the_mixture() -> None:
     run = RunConfig.from_mapping(
-        run_config(algorithm="apfl", dataset="digits", num_clients=10, apfl_adaptive=False)
+        run_config(
+            algorithm="apfl",
+            dataset="digits",
+            num_clients=10,
+            apfl_adaptive=False,
+            apfl_alpha=0.75,  # a mixture of both models (the default, 1, tests v alone)
+        )
     )
     state = RecordDict()
     client = client_of(run, 2, state)
