@@ -63,7 +63,7 @@ def _scaffold_oracle(
                 loss = F.cross_entropy(_forward(y, inputs), labels)
                 grads = torch.autograd.grad(loss, list(y.values()))
                 with torch.no_grad():
-                    for (k, v), g in zip(y.items(), grads, strict=True):
+                    for k, g in zip(y, grads, strict=True):
                         buffer[k] = beta * buffer[k] + g + corrected * (c[k] - c_i[partition][k])
                     y = {k: (v - lr * buffer[k]).requires_grad_(True) for k, v in y.items()}
             new = {k: c_i[partition][k] - c[k] + (x[k] - y[k].detach()) / scale for k in x}
