@@ -91,9 +91,9 @@ class Scaffold(FedpersStrategy):
             tolerance = VARIATE_RTOL * max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
             if not np.all(np.abs(returned - expected) <= tolerance):
                 return (
-                    f"control variate '{CONTROL}{name}' is not (x - y) / (K lr) of the model "
-                    f"it returned (K = {epochs} x ceil({n} / {self.run.batch_size}), momentum "
-                    f"{self.run.momentum:g})"
+                    f"control variate '{CONTROL}{name}' is not (x - y) / (K lr / (1 - momentum)) "
+                    f"of the model it returned (K = {epochs} x ceil({n} / {self.run.batch_size}), "
+                    f"momentum {self.run.momentum:g})"
                 )
         return None
 
