@@ -77,7 +77,9 @@ def test_a_simulation_says_what_it_does_and_removes_its_own_ray_folder(tmp_path:
         sessions = list(sim.ray_tmp.rglob("session_*"))
         assert sessions, f"the run's Ray kept no session in {sim.ray_tmp}"
     assert not sim.ray_tmp.exists()
-    assert sorted(p.name for p in shared.iterdir()) == before  # nothing else touched
+    # nothing else removed: the folders there before are all there (a simulation on the
+    # other xdist worker may have added its own meanwhile)
+    assert set(before) <= {p.name for p in shared.iterdir()}
     # What a user sees before round 1 and after the run (before: nothing for a minute,
     # and no word of where the results went)
     assert lines[0] == "starting a local Flower SuperLink for the runs"
