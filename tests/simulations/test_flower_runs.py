@@ -62,8 +62,6 @@ def test_a_simulation_says_what_it_does_and_removes_its_own_ray_folder(tmp_path:
     lines: list[str] = []
     with LocalSimulation(echo=lines.append) as sim:
         assert sim.ray_tmp is not None
-        shared = sim.ray_tmp.parent
-        before = sorted(p.name for p in shared.iterdir() if p != sim.ray_tmp)
         sim.run(
             {
                 "algorithm": "fedavg",
@@ -77,9 +75,8 @@ def test_a_simulation_says_what_it_does_and_removes_its_own_ray_folder(tmp_path:
         sessions = list(sim.ray_tmp.rglob("session_*"))
         assert sessions, f"the run's Ray kept no session in {sim.ray_tmp}"
     assert not sim.ray_tmp.exists()
-    # nothing else removed: the folders there before are all there (a simulation on the
-    # other xdist worker may have added its own meanwhile)
-    assert set(before) <= {p.name for p in shared.iterdir()}
+    # Only its own folder is asserted: simulations on the other xdist worker add and
+    # remove theirs in the same parent meanwhile (a fresh clone's make test saw both).
     # What a user sees before round 1 and after the run (before: nothing for a minute,
     # and no word of where the results went)
     assert lines[0] == "starting a local Flower SuperLink for the runs"
