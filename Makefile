@@ -69,11 +69,11 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 # Markers: flower (real Flower processes; every script's --quick test sends its first run
-# through flwr run), package (the wheel built and installed into a fresh venv: 35 s on
-# one worker), cluster and docker (their own targets below; left out by pyproject's
-# addopts).
+# through flwr run), script (a script's --quick form on the batched engine only), package
+# (the wheel built and installed into a fresh venv: 35 s on one worker), cluster and
+# docker (their own targets below; left out by pyproject's addopts).
 check: lint typecheck
-	$(BIN)/python -m pytest $(XDIST) -m "not flower and not package and not cluster and not docker"
+	$(BIN)/python -m pytest $(XDIST) -m "not flower and not script and not package and not cluster and not docker"
 
 # A fedpers simulation on a real two-node Ray cluster (two `ray start` on loopback),
 # against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.

@@ -114,8 +114,9 @@ class ExperimentSettings:
     )
     dataset: str = setting(
         "mnist1d",
-        "`mnist`, `femnist`, `cifar10`, `cifar100` are read from `data-root`; the others "
-        "are generated or ship with a package",
+        "`mnist`, `femnist`, `cifar10`, `cifar100` are read from `data-root`, "
+        "`fashion-mnist` from it or (when empty) Debian's package dataset-fashion-mnist; "
+        "the others are generated or ship with a package",
         choices=lambda: tuple(DATASETS),
     )
     model: str = setting(
@@ -144,7 +145,8 @@ class DataSettings:
     """How the data is made and split over clients."""
 
     data_root: str = setting(
-        "", "local directory of the torchvision data sets (also caches generated data)"
+        "",
+        "local directory of the data sets read from files (also caches generated data)",
     )
     partitioner: Partitioner = setting(
         Partitioner.CLASSES,

@@ -64,6 +64,16 @@ _TORCHVISION_HINT = (
     "and copy ROOT/{folder} into the data root given by --run-config \"data-root='ROOT'\"."
 )
 
+# Where Debian's package dataset-fashion-mnist installs the four IDX files (gzipped).
+FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
+_FASHION_MNIST_HINT = (
+    "Install it with 'apt-get install dataset-fashion-mnist' (Debian and Ubuntu; read from "
+    f"{FASHION_MNIST_SYSTEM_DIR} when data-root is empty), or place the four IDX files "
+    "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+    "t10k-labels-idx1-ubyte (each may end in .gz) in ROOT/fashion-mnist and pass "
+    "--run-config \"data-root='ROOT'\"."
+)
+
 DATASETS: dict[str, DatasetInfo] = {
     "mnist1d": DatasetInfo(10, (40,), "mnist1d-mlp", embedded=True),
     "digits": DatasetInfo(
@@ -98,6 +108,16 @@ DATASETS: dict[str, DatasetInfo] = {
         ),
         train_samples=48000,  # EMNIST letters a-j: 4,800 and 800 a letter
         test_samples=8000,
+        image_shape=(1, 28, 28),
+    ),
+    "fashion-mnist": DatasetInfo(
+        10,
+        (1, 28, 28),
+        "femnist-mlp",
+        embedded=False,
+        how_to_get=_FASHION_MNIST_HINT,
+        train_samples=60000,
+        test_samples=10000,
         image_shape=(1, 28, 28),
     ),
     "cifar10": DatasetInfo(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpers.atomic import save_npz
-from fedpers.data.registry import DATASETS, DatasetInfo
+from fedpers.data.registry import DATASETS, FASHION_MNIST_SYSTEM_DIR, DatasetInfo
 from fedpers.seeding import int_seed, isolated_global_numpy_and_random
 
 MNIST1D_TRAIN_SPLIT = 0.8
@@ -27,6 +28,11 @@ MNIST1D_TRAIN_SPLIT = 0.8
 
 class DatasetNotFound(FileNotFoundError):  # noqa: N818  # public name, kept
     """A data set that must come from a local root is not there."""
+
+
+class DatasetCorrupt(DatasetNotFound):
+    """A data set's file is there but cannot be read as what it should hold (truncated,
+    not the format, wrong shape): caught wherever a missing data set is."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,8 @@ def load_dataset(name: str, *, root: str, seed: int, train_size: int) -> Dataset
         return _digits(seed, root)
     if name in ("mnist", "femnist", "cifar10", "cifar100"):
         return _torchvision(name, root)
+    if name == "fashion-mnist":
+        return _fashion_mnist(root)
     if name in _REGISTERED:
         return _REGISTERED[name](root, seed)
     raise ValueError(f"load_dataset: no loader for data set '{name}'")
@@ -128,16 +136,17 @@ def check_data_source(name: str, root: str) -> None:
     Raises
     ------
     DatasetNotFound
-        If the data set needs files and ``root`` is empty, missing or lacks them.
+        If the data set needs files and ``root`` is empty, missing or lacks them (or
+        ``DatasetCorrupt``: a file is there but unreadable).
     """
-    if name not in ("mnist", "femnist", "cifar10", "cifar100"):
+    if name not in ("mnist", "femnist", "cifar10", "cifar100", "fashion-mnist"):
         return  # embedded, or a registered loader that checks its own files
     if root and not Path(root).is_dir():
         raise DatasetNotFound(
             f"dataset='{name}': data-root '{root}' is not a directory. "
             f"{DATASETS[name].how_to_get.replace('ROOT', root)}"
         )
-    _torchvision(name, root)
+    load_dataset(name, root=root, seed=0, train_size=0)
 
 
 # --------------------------------------------------------------------- MNIST-1D
@@ -382,6 +391,103 @@ def _torchvision(name: str, root: str) -> Dataset:
     (x_train, y_train), (x_test, y_test) = splits
     mean, std = _IMAGE_STATS[name]
     return Dataset(name, x_train, y_train, x_test, y_test, scale=255.0, mean=mean, std=std)
+
+
+# ---------------------------------------------------------------- Fashion-MNIST
+def _fashion_mnist(root: str) -> Dataset:
+    """Fashion-MNIST (Xiao et al., 2017): 60,000 + 10,000 grey 28x28 images of 10 kinds
+    of clothing, from its four IDX files (each may be gzipped). With a data root they
+    are read from ROOT/fashion-mnist, ROOT/FashionMNIST/raw (torchvision's layout) or
+    ROOT itself; with none, from where Debian's package dataset-fashion-mnist puts
+    them. Normalized by the training split's pixel mean and deviation."""
+    folder = _fashion_mnist_folder(root)
+    splits = []
+    for prefix in ("train", "t10k"):
+        images = _read_idx(folder, f"{prefix}-images-idx3-ubyte", ndim=3)
+        labels = _read_idx(folder, f"{prefix}-labels-idx1-ubyte", ndim=1)
+        if images.shape[1:] != (28, 28) or len(images) != len(labels):
+            raise DatasetCorrupt(
+                f"dataset='fashion-mnist': {folder} holds {images.shape[0]} images of "
+                f"{images.shape[1:]} pixels and {len(labels)} labels in its '{prefix}' "
+                "files; expected 28x28 images, one label each. Re-install or re-copy them: "
+                f"{DATASETS['fashion-mnist'].how_to_get}"
+            )
+        if labels.size and labels.max() > 9:
+            raise DatasetCorrupt(
+                f"dataset='fashion-mnist': label {int(labels.max())} in {folder}'s "
+                f"'{prefix}' labels is outside 0..9; re-install or re-copy the files."
+            )
+        splits.append((images[:, None], labels.astype(np.int64)))
+    (x_train, y_train), (x_test, y_test) = splits
+    return Dataset(
+        "fashion-mnist", x_train, y_train, x_test, y_test, scale=255.0,
+        mean=(0.2860,), std=(0.3530,),
+    )  # fmt: skip
+
+
+_IDX_NAMES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _fashion_mnist_folder(root: str) -> Path:
+    """The first folder that holds all four files (plain or gzipped)."""
+    base = Path(root)
+    places = (
+        [base / "fashion-mnist", base / "FashionMNIST" / "raw", base]
+        if root
+        else [Path(FASHION_MNIST_SYSTEM_DIR)]
+    )
+    for folder in places:
+        if all(_idx_file(folder, name) for name in _IDX_NAMES):
+            return folder
+    hint = DATASETS["fashion-mnist"].how_to_get.replace("ROOT", root or "ROOT")
+    where = " or ".join(str(p) for p in places)
+    raise DatasetNotFound(
+        f"dataset='fashion-mnist': the four IDX files are not in {where}"
+        f"{'' if root else ' (data-root is empty)'}. {hint}"
+    )
+
+
+def _idx_file(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_idx(folder: Path, name: str, *, ndim: int) -> np.ndarray:
+    """IDX file ``name`` (or ``name.gz``) of unsigned bytes, LeCun's MNIST format: two
+    zero bytes, type 0x08, the number of dimensions, each a big-endian uint32, the data."""
+    import gzip
+
+    path = _idx_file(folder, name)
+    if path is None:
+        raise DatasetNotFound(f"{folder / name}[.gz] is missing (it was there a moment ago)")
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError) as error:  # a truncated or not-gzip .gz
+        raise DatasetCorrupt(
+            f"{path} cannot be read ({error}); re-install or re-copy it"
+        ) from error
+    header = 4 + 4 * ndim
+    if len(raw) < header or raw[:4] != bytes((0, 0, 0x08, ndim)):
+        raise DatasetCorrupt(
+            f"{path} is not an IDX file of {ndim}-dimensional unsigned bytes (its first "
+            f"bytes are {raw[:4].hex()}, expected 000008{ndim:02x}); re-install or re-copy it"
+        )
+    dims = tuple(int(d) for d in np.frombuffer(raw[4:header], ">u4"))
+    if len(raw) != header + math.prod(dims):
+        raise DatasetCorrupt(
+            f"{path} holds {len(raw) - header} data bytes, its header says {dims} "
+            f"({math.prod(dims)} bytes): truncated or padded; re-install or re-copy it"
+        )
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims).copy()  # writable
 
 
 # ---------------------------------------------------------------------- caching

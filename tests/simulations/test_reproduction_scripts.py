@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fedpers.data.registry import FASHION_MNIST_SYSTEM_DIR
 from fedpers.reports import read_clients, read_rounds, read_summary
 from fedpers.simulations import fedrep_images, fedrep_linear
 from fedpers.simulations.launch import LocalSimulation
@@ -138,6 +139,34 @@ def test_image_table_quick(tmp_path: Path, through_flower: list[tuple[Path, Path
     for plot in ("accuracy.png", "clients.png"):
         assert (out / plot).stat().st_size > 1000
     assert_through_flower(through_flower, out)
+
+
+@pytest.mark.script
+@pytest.mark.skipif(
+    not Path(FASHION_MNIST_SYSTEM_DIR).is_dir(),
+    reason="Debian's dataset-fashion-mnist is not installed (.ci/run installs it)",
+)
+def test_image_table_quick_on_fashion_mnist(tmp_path: Path) -> None:
+    """The real-image table's quick form on the batched engine (the loader, partition and
+    MLP are the Flower path's: the same ClientApp runs in process)."""
+    out = tmp_path / "fashion"
+    summary = fedrep_images.main(
+        ["--out", str(out), "--quick", "--dataset", "fashion-mnist", "--engine", "batched"]
+        + ["--seed", "0", "--methods", "fedrep"]
+    )
+    config = json.loads((out / "runs" / "fedrep-seed0" / "config.json").read_text())
+    assert (config["dataset"], config["model"]) == ("fashion-mnist", "femnist-mlp")
+    assert (summary["clients"], summary["classes_per_client"]) == (100, 2)
+    rounds = read_rounds(out / "runs" / "fedrep-seed0")
+    assert [r.sampled for r in rounds] == [5, 5, 5]
+    # Every client evaluated every round on its own 2 kinds of clothing; after 15 client
+    # updates (5 of 100 a round, 3 rounds) the clients that trained their head (10
+    # epochs on 600 images) hold it at 80 % or more, the others near chance or below.
+    last = read_clients(out / "runs" / "fedrep-seed0")[-1]["clients"]
+    assert len(last) == 100
+    assert sum(v["accuracy"] >= 0.8 for v in last.values()) >= 10
+    assert sum(v["num-examples"] for v in last.values()) == 10000  # the whole test split
+    assert (out / "accuracy.png").stat().st_size > 1000
 
 
 def test_bad_arguments_fail_before_anything_runs(tmp_path: Path) -> None:
