@@ -257,9 +257,15 @@ class FedpersStrategy(Strategy):
         if mechanism is not None and mechanism.sampling is privacy.DpSampling.POISSON:
             self.sampled = privacy.poisson_sample(self.seen, mechanism.sampling_rate, generator)
         else:
-            chosen = generator.choice(self.seen, self.run.clients_per_round, replace=False)
+            count = self.clients_to_train(server_round)
+            chosen = generator.choice(self.seen, count, replace=False)
             self.sampled = sorted(int(p) for p in chosen)
         return self.sampled
+
+    def clients_to_train(self, server_round: int) -> int:
+        """How many clients ``sample`` draws in ``server_round`` (a fixed-size sample):
+        ``clients_per_round``; a row whose rounds differ overrides it."""
+        return self.run.clients_per_round
 
     def lr_factor(self, server_round: int) -> float:
         """Multiplier of the learning rate in ``server_round`` under the schedule."""

@@ -9,6 +9,12 @@ with the paper's unweighted mean (the run's ``aggregation`` with equal weights):
 change of the mean when the clients of ``S`` changed and the others did not. The round's
 coin, an aggregation step with probability ``l2gd-p``, is drawn from the seed and the
 round, so a resumed run draws the same coins.
+
+Compute-matched by default (``l2gd-matched``): a local step's round samples
+``clients_per_round / (1 - p)`` clients (at most all of them) and an aggregation step's
+``clients_per_round``, so that a round trains ``clients_per_round`` clients on average,
+as every other row's does; otherwise L2GD would train only the ``1 - p`` of rounds that
+are local steps (``l2gd-matched = false``: the same count every round).
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ class L2GD(FedpersStrategy):
         """Whether ``server_round`` is an aggregation step (probability ``l2gd-p``)."""
         p = self.run.group(L2GDSettings).l2gd_p
         return bool(rng(self.run.seed, "l2gd", server_round).random() < p)
+
+    def clients_to_train(self, server_round: int) -> int:
+        """``clients_per_round`` on an aggregation step; ``clients_per_round / (1 - p)``
+        (rounded, at most the seen clients) on a local step when compute-matched."""
+        settings = self.run.group(L2GDSettings)
+        base = self.run.clients_per_round
+        if not settings.l2gd_matched or self.aggregates(server_round):
+            return base
+        return min(len(self.seen), round(base / (1.0 - settings.l2gd_p)))
 
     def train_contents(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
