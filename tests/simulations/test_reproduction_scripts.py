@@ -150,10 +150,8 @@ def test_image_table_quick_on_fashion_mnist(tmp_path: Path) -> None:
     """The real-image table's quick form on the batched engine (the loader, partition and
     MLP are the Flower path's: the same ClientApp runs in process)."""
     out = tmp_path / "fashion"
-    summary = fedrep_images.main(
-        ["--out", str(out), "--quick", "--dataset", "fashion-mnist", "--engine", "batched"]
-        + ["--seed", "0", "--methods", "fedrep"]
-    )
+    flags = ["--quick", "--dataset", "fashion-mnist", "--engine", "batched", "--seed", "0"]
+    summary = fedrep_images.main(["--out", str(out), *flags, "--methods", "fedrep"])
     config = json.loads((out / "runs" / "fedrep-seed0" / "config.json").read_text())
     assert (config["dataset"], config["model"]) == ("fashion-mnist", "femnist-mlp")
     assert (summary["clients"], summary["classes_per_client"]) == (100, 2)
