@@ -41,6 +41,7 @@ def _fedrep_table1() -> dict[str, Any]:
     return {
         "algorithm": "fedrep",
         "dataset": "mnist1d",
+        **fedrep_images.PROTOCOL,
         **fedrep_images.DATASET_SETTINGS["mnist1d"],
     }
 

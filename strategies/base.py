@@ -706,13 +706,14 @@ class FedpersStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy's configuration."""
         logger.info(
-            "%s (%s): %d nodes (%d unseen), %.0f%% trained per round (%d), shared %s, seed %d",
+            "%s (%s): %d nodes (%d unseen), fraction-train %.0f%% (round 1 trains %d), "
+            "shared %s, seed %d",
             type(self).__name__,
             self.spec.name,
             self.run.num_clients,
             len(self.unseen),
             100 * self.run.fraction_train,
-            max(1, round(self.run.fraction_train * len(self.seen))),
+            self.clients_to_train(1),
             list(self.shared) or "none",
             self.run.seed,
         )
