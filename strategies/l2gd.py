@@ -8,7 +8,8 @@ over the replies ``S`` kept (each ``x_bar + (x_i^new - x_i^old)``),
 with the paper's unweighted mean (the run's ``aggregation`` with equal weights): the
 change of the mean when the clients of ``S`` changed and the others did not. The round's
 coin, an aggregation step with probability ``l2gd-p``, is drawn from the seed and the
-round, so a resumed run draws the same coins.
+round, so a resumed run draws the same coins. ``MeanOfAll`` is that server without the
+coin: FedEM's pFedMe (``fedpers/algorithms/pfedme_fedem.py``) runs on it.
 
 Compute-matched by default (``l2gd-matched``): a local step's round samples
 ``clients_per_round / (1 - p)`` clients (at most all of them) and an aggregation step's
@@ -28,7 +29,23 @@ from fedpers.seeding import rng
 from fedpers.strategies.base import FedpersStrategy, step_toward
 
 
-class L2GD(FedpersStrategy):
+class MeanOfAll(FedpersStrategy):
+    """FedAvg's rounds whose global model is the mean of all ``n`` clients' personal
+    models, kept from the sampled clients' changes (L2GD's, and FedEM's pFedMe's)."""
+
+    def combine(
+        self,
+        arrays: list[dict[str, np.ndarray]],
+        weights: list[float],
+        reference: dict[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """``x_bar + (|S| / n) (mean of the replies - x_bar)``, the mean unweighted."""
+        mean = super().combine(arrays, [1.0] * len(arrays), reference)
+        share = len(arrays) / len(self.seen)
+        return step_toward(reference, mean, lambda _: share)
+
+
+class L2GD(MeanOfAll):
     """FedAvg's rounds with L2GD's coin and its mean of all personal models."""
 
     def aggregates(self, server_round: int) -> bool:
@@ -51,14 +68,3 @@ class L2GD(FedpersStrategy):
         """The mean ``x_bar`` and the round's coin."""
         config[AGGREGATE] = int(self.aggregates(server_round))
         return super().train_contents(server_round, arrays, config, grid)
-
-    def combine(
-        self,
-        arrays: list[dict[str, np.ndarray]],
-        weights: list[float],
-        reference: dict[str, np.ndarray],
-    ) -> dict[str, np.ndarray]:
-        """``x_bar + (|S| / n) (mean of the replies - x_bar)``, the mean unweighted."""
-        mean = super().combine(arrays, [1.0] * len(arrays), reference)
-        share = len(arrays) / len(self.seen)
-        return step_toward(reference, mean, lambda _: share)

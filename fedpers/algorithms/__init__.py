@@ -236,9 +236,9 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
 # nothing here lists a new one.
 FIRST = (
     "fedrep", "fedper", "fedavg", "fedavg_plus", "fedprox", "scaffold", "lg_fedavg",
-    "local", "ditto", "apfl", "l2gd", "fed_mtl", "per_fedavg", "pfedme", "clustered_fl",
-    "fedbabu", "fedsgd", "fedem", "fedgmm", "sheaf_frl", "fedproto", "sheaf_fmtl",
-    "fedmuscle", "comfed", "non_cooperative",
+    "local", "ditto", "apfl", "l2gd", "fed_mtl", "per_fedavg", "pfedme", "pfedme_fedem",
+    "clustered_fl", "fedbabu", "fedsgd", "fedem", "fedgmm", "sheaf_frl", "fedproto",
+    "sheaf_fmtl", "fedmuscle", "comfed", "non_cooperative",
 )  # fmt: skip
 
 
