@@ -1,5 +1,6 @@
 """FedGMM's Table 2, synthetic column: FedGMM, FedEM, FedAvg, FedProx, FedAvg+, Clustered
-FL, pFedMe and Local, through Flower.
+FL, pFedMe (as FedEM's code runs it, the paper's row, and as its own paper states it)
+and Local, through Flower.
 
     python -m simulations.fedgmm_synthetic --out DIR [--quick] [--seeds 3] [--num-clients 300] ...
 
@@ -26,7 +27,9 @@ the whole global model for the same 2 epochs before each test
 (``fedpers/algorithms/fedavg_plus.py``).
 Clustered FL splits with FedEM's thresholds (0.4, 1.6), not tuned here. pFedMe's lambda
 is chosen on validation (docs/reproducing.md) below the paper's 15, which at lr 1 would
-step w past theta.
+step w past theta. The paper's "pFedMe" ran FedEM's code, whose pFedMe is proximal
+personal models around the mean of all of them (``pfedme-fedem``, its mu chosen on
+validation); ``pfedme`` is pFedMe's own algorithm (the Moreau envelope), kept beside it.
 
 Writes DIR/summary.json ``{"final_accuracy": {METHOD: mean over seeds}, ...}`` with the
 spread over seeds and clients (``simulations.tables.method_summary``), DIR/table.md,
@@ -45,7 +48,10 @@ from fedpers.simulations.plots import plot_client_cdf, plot_seeded
 from fedpers.simulations.runs import run_methods
 from fedpers.simulations.tables import method_summary, method_table, seeds_note, write_summary
 
-METHODS = ("fedgmm", "fedem", "fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme", "local")
+METHODS = (
+    "fedgmm", "fedem", "fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme-fedem",
+    "pfedme", "local",
+)  # fmt: skip
 
 # The experiment (module docstring); flags and --run-config change any key.
 SETTINGS: dict[str, Any] = {

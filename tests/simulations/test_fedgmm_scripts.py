@@ -18,7 +18,7 @@ pytestmark = pytest.mark.flower
 def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
-    baselines = ("fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme")
+    baselines = ("fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme-fedem", "pfedme")
     assert set(final) == {"fedgmm", "fedem", "local", *baselines}
     assert final["fedgmm"] >= final["fedem"] + 0.05
     # quick form, 2026-12-04: Clustered FL 49.77 % (eps2 3.2: no split in its rounds, one
