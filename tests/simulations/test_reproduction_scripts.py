@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedpers.data.registry import FASHION_MNIST_SYSTEM_DIR
+from fedpers.data.registry import DATASETS, FASHION_MNIST_SYSTEM_DIR
 from fedpers.reports import read_clients, read_rounds, read_summary
 from fedpers.simulations import fedrep_images, fedrep_linear
 from fedpers.simulations.launch import LocalSimulation
@@ -153,7 +153,8 @@ def test_image_table_quick_on_fashion_mnist(tmp_path: Path) -> None:
     flags = ["--quick", "--dataset", "fashion-mnist", "--engine", "batched", "--seed", "0"]
     summary = fedrep_images.main(["--out", str(out), *flags, "--methods", "fedrep"])
     config = json.loads((out / "runs" / "fedrep-seed0" / "config.json").read_text())
-    assert (config["dataset"], config["model"]) == ("fashion-mnist", "femnist-mlp")
+    assert (config["dataset"], config["model"]) == ("fashion-mnist", "auto")
+    assert DATASETS["fashion-mnist"].default_model == "femnist-mlp"  # what "auto" builds
     assert (summary["clients"], summary["classes_per_client"]) == (100, 2)
     rounds = read_rounds(out / "runs" / "fedrep-seed0")
     assert [r.sampled for r in rounds] == [5, 5, 5]
