@@ -113,11 +113,23 @@ def fit(cohort: Cohort) -> list[Reply]:
         losses = [math.nan] * local.size
     else:
         before, after, losses = _local_step(local)
-    replies = []
-    for member, sent, old, new, loss, data in zip(
-        local.members, received, before, after, losses, local.data, strict=True
-    ):
+    for member, new in zip(local.members, after, strict=True):
         member.state[protocol.STATE_PERSONAL] = update.to_record(new)
+    return moved_replies(local, received, before, after, losses)
+
+
+def moved_replies(
+    local: Personalized,
+    received: list[Arrays],
+    before: list[Arrays],
+    after: list[Arrays],
+    losses: list[float],
+) -> list[Reply]:
+    """Each member's reply ``sent + (new - old)``: the mean it received moved by its
+    personal model's change (L2GD's and FedEM's pFedMe's), with its sample count and
+    its loss (none where it trained nothing: NaN)."""
+    replies = []
+    for sent, old, new, loss, data in zip(received, before, after, losses, local.data, strict=True):
         reply = {
             name: (sent[name] + (new[name] - old[name])).astype(sent[name].dtype) for name in sent
         }

@@ -16,11 +16,13 @@ tested with ``v_i``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from fedpers import protocol, records
 from fedpers.algorithms import AlgorithmSpec, Family
+from fedpers.algorithms.l2gd import moved_replies
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
 from fedpers.settings import ConfigError, at_least, setting
@@ -84,14 +86,8 @@ def fit(cohort: Cohort) -> list[Reply]:
     )
     after = personal.arrays(MODEL_PARTS)
     local.keep(personal)
-    replies = []
-    for sent, old, new, stat, data in zip(received, before, after, stats, local.data, strict=True):
-        reply = {n: (sent[n] + (new[n] - old[n])).astype(sent[n].dtype) for n in sent}
-        metrics = {protocol.NUM_EXAMPLES: float(len(data.y_train))}
-        if stat.steps:
-            metrics[protocol.LOSS] = stat.loss
-        replies.append((reply, metrics))
-    return replies
+    losses = [s.loss if s.steps else math.nan for s in stats]
+    return moved_replies(local, received, before, after, losses)
 
 
 evaluate = personalized.evaluate_kept  # tested with its v_i
