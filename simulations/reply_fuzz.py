@@ -75,6 +75,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "fedrep": {"algorithm": "fedrep", "dataset": "digits"},
     # SCAFFOLD: control variates travel both ways beside the model
     "scaffold": {"algorithm": "scaffold", "dataset": "digits"},
+    # FedDyn: the server steps past the mean by its h, which every reply moves
+    "feddyn": {"algorithm": "feddyn", "dataset": "digits", "feddyn_alpha": 0.1},
     # L2GD: the server keeps the mean of all personal models from the sampled changes
     "l2gd": {"algorithm": "l2gd", "dataset": "digits", "l2gd_p": 0.5},
     # Fed-MTL: every client's model is the state; each reply replaces its own
