@@ -50,8 +50,10 @@ from fedpers.config import LrSchedule, RunConfig
 from fedpers.protocol import FinalTestResult
 from fedpers.results import RoundRecord
 from fedpers.seeding import rng
+from fedpers.server_step import ServerStrategySettings
 from fedpers.strategies import final_tests, screening
 from fedpers.strategies.federation import Federation, PopulationError
+from fedpers.strategies.flower_step import FlowerStep
 from fedpers.strategies.rounds import EvaluateFn, run_rounds
 
 if TYPE_CHECKING:
@@ -103,6 +105,9 @@ class FedpersStrategy(Strategy):
         self.clip = self.privacy.clip if self.privacy is not None else math.inf
         self.applied_clip = self.clip
         self.sampled: list[int] = []  # the partitions sampled for this round's training
+        # server-strategy: a Flower strategy combines the shared parts instead of combine()
+        step = run.group(ServerStrategySettings)
+        self.flower_step = FlowerStep(step) if step.server_strategy else None
 
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
@@ -330,7 +335,10 @@ class FedpersStrategy(Strategy):
         self.sent_arrays = screening.array_specs(arrays)
         self.current_shared = {name: records.values(array) for name, array in arrays.items()}
         content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
-        return dict.fromkeys(self.sample(server_round), content)
+        contents = dict.fromkeys(self.sample(server_round), content)
+        if self.flower_step is not None:
+            self.flower_step.configure(server_round, arrays, config, list(contents))
+        return contents
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """``config`` with the round number and the learning rate under the schedule
@@ -371,6 +379,8 @@ class FedpersStrategy(Strategy):
         arrays = [screening.arrays_of(reply) for reply in valid]
         if self.privacy is not None:
             averaged = self.private_release(arrays, self.privacy)
+        elif self.flower_step is not None:
+            averaged = self.flower_step.aggregate(server_round, valid, self.current_shared)
         else:
             weights = [screening.num_examples(reply) for reply in valid]
             averaged = self.combine(arrays, weights, self.current_shared)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedpers import families, protocol
+from fedpers import families, protocol, server_step
 from fedpers.families import RunSummary
 from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult, UnseenTest
@@ -170,8 +170,8 @@ FAMILY = families.register(
     families.FamilySpec(
         name=NAME,
         summary=summary,
-        groups=(PrivacySettings,),
-        checks=(check_privacy,),
+        groups=(PrivacySettings, server_step.ServerStrategySettings),
+        checks=(check_privacy, server_step.check),
         update=__name__,
     )
 )
