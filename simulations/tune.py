@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -154,7 +155,8 @@ def _runs(
     """A run per value and seed, with its key ``(str(value), seed)``."""
     root = args.out.expanduser().resolve() / "runs"
     keys, runs = [], []
-    for value in grid:
+    for index, value in enumerate(grid):
+        label = _label(value, index)
         for seed in seeds:
             keys.append((str(value), seed))
             runs.append(
@@ -163,10 +165,20 @@ def _runs(
                     args.key: value,
                     "seed": seed,
                     "results-dir": str(root),
-                    "run-name": f"{args.key}-{value}-seed{seed}",
+                    "run-name": f"{args.key}-{label}-seed{seed}",
                 }
             )
     return keys, runs
+
+
+def _label(value: Any, index: int) -> str:
+    """``value`` as a part of a run's name: itself where it is one path segment's
+    characters (numbers, names), else those characters with the others as ``_`` and
+    its place in the grid (``eta_0.01-v2`` for ``eta=0.01``), so that no two values
+    share a directory."""
+    text = str(value)
+    plain = re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+    return text if plain == text else f"{plain}-v{index}"
 
 
 def _table(args: argparse.Namespace, grid: list[Any], result: Mapping[str, Any]) -> str:

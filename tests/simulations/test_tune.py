@@ -91,3 +91,13 @@ def test_in_process_tuning_scores_what_an_in_process_run_gives(tmp_path: Path) -
         )
         expected = read_summary(again)["final_accuracy"]
         assert summary["score"][value] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_value_that_is_no_path_segment_names_its_runs_by_its_place() -> None:
+    # server-strategy-args = "eta=0.01" was refused as a run name ('=' in it)
+    assert tune._label(0.05, 3) == "0.05"
+    assert tune._label("fedadam", 0) == "fedadam"
+    labels = [tune._label(v, i) for i, v in enumerate(["eta=0.01", "eta:0.01", "eta 0.1"])]
+    assert labels == ["eta_0.01-v0", "eta_0.01-v1", "eta_0.1-v2"]
+    for label in labels:
+        load_run_config({"run-name": f"server-strategy-args-{label}-seed0"})
