@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
 
-from fedpers import records
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.cohort import Member
 from fedpers.families import personalized
@@ -90,7 +88,7 @@ def fit(cohort: Cohort) -> list[Reply]:
     local = update.Personalized(cohort)
     received = local.received()
     names = [n for n, _ in local.model.named_parameters() if n in received[0]]
-    gradients = [_gradient(m, x) for m, x in zip(local.members, received, strict=True)]
+    gradients = [_gradient(m, x, names) for m, x in zip(local.members, received, strict=True)]
     linear = [{n: (-g[n]).astype(np.float32) for n in names} for g in gradients]
     stack = local.models(received)
     stats = local.train_phases(
@@ -105,23 +103,22 @@ def fit(cohort: Cohort) -> list[Reply]:
         local.members, received, replies, gradients, stats, strict=True
     ):
         if s.steps:  # without a step nothing moved and g_k stays
-            _keep(member, {n: g[n] - alpha * (w[n].astype(np.float64) - theta[n]) for n in g})
+            moved = {n: g[n] - alpha * (w[n].astype(np.float64) - theta[n]) for n in names}
+            member.state[STATE_GRADIENT] = update.to_record(
+                {n: v.astype(np.float32) for n, v in moved.items()}
+            )
     return replies
 
 
-def _gradient(member: Member, model: Arrays) -> Arrays:
-    """A member's ``g_k`` (float64): what it stored, else zeros."""
-    gradient = {name: np.zeros(array.shape) for name, array in model.items()}
-    stored = member.state.get(STATE_GRADIENT)
-    if isinstance(stored, ArrayRecord):
-        gradient.update({k: records.values(v).astype(np.float64) for k, v in stored.items()})
-    return gradient
+def _gradient(member: Member, model: Arrays, names: list[str]) -> Arrays:
+    """A member's ``g_k`` of the model's parameters ``names`` (float64): what it stored
+    (``update.kept``), else zeros."""
+    from fedpers import update
 
-
-def _keep(member: Member, gradient: Arrays) -> None:
-    member.state[STATE_GRADIENT] = ArrayRecord(
-        {k: Array(np.ascontiguousarray(v, dtype=np.float32)) for k, v in gradient.items()}
-    )
+    stored = update.kept(member, STATE_GRADIENT)
+    return {
+        n: stored[n].astype(np.float64) if n in stored else np.zeros(model[n].shape) for n in names
+    }
 
 
 _DP = personalized.refuses_dp("whose server steps theta past the mean by h / alpha")
