@@ -91,6 +91,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "clustered_fl_eps2": 0.0,
     },
     "fedgmm": {"algorithm": "fedgmm", "dataset": "mixture", "samples_per_client": 60},
+    # IFCA: FedEM's exchange, each model averaged by the clients whose gamma chose it
+    "ifca": {"algorithm": "ifca", "dataset": "digits", "mixture_learners": 2},
     "sheaf-frl": {"algorithm": "sheaf-frl", "dataset": "digits"},
     # FedProto: class prototypes and their counts (weights) come back, no model
     "fedproto": {"algorithm": "fedproto", "dataset": "digits", "sheaf_latent_dims": "8,8,8,8"},

@@ -1,0 +1,104 @@
+"""IFCA against its equations (Ghosh et al., NeurIPS 2020, Algorithm 2 with model
+averaging): three rounds on a tiny problem through the in-process grid (the real
+ClientApp and the IFCA server), against each client's choice of the model of least
+loss, its gradient steps on that model alone and the server's plain mean per model,
+written here in plain torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedpers.config import RunConfig
+from fedpers.families.mixture import GAMMA, MIXTURE_WEIGHTS, learner_prefix
+from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
+
+K = 3
+ROUNDS = 3
+
+Params = dict[str, torch.Tensor]
+
+
+def _split(arrays: dict[str, np.ndarray]) -> list[Params]:
+    """The k models of the global arrays, each by the model's names (float64)."""
+    models = []
+    for m in range(K):
+        prefix = learner_prefix(m)
+        models.append(
+            {
+                k[len(prefix) :]: torch.tensor(v, dtype=torch.float64)
+                for k, v in arrays.items()
+                if k.startswith(prefix)
+            }
+        )
+    return models
+
+
+def _oracle(
+    config: RunConfig,
+    start: dict[str, np.ndarray],
+    sampled: list[list[int]],
+    *,
+    weighted: bool = False,
+    choose_max: bool = False,
+) -> tuple[list[Params], list[list[int]]]:
+    """Each sampled client picks j = argmin_m loss(theta_m) on its training samples and
+    takes ``epochs`` full-batch gradient steps on theta_j; theta_m becomes the mean of
+    the models trained on it (kept where none was). Returns the models and each round's
+    choices. ``weighted`` weights the mean by samples, ``choose_max`` picks the largest
+    loss (so that the test can show it fails with either)."""
+    models = _split(start)
+    choices = []
+    for clients in sampled:
+        trained: dict[int, list[tuple[Params, int]]] = {m: [] for m in range(K)}
+        chosen = []
+        for partition in clients:
+            x, y = training_tensors(config, partition)
+            losses = torch.stack([F.cross_entropy(_forward(w, x), y) for w in models])
+            j = int(losses.argmax() if choose_max else losses.argmin())
+            w = {k: v.clone() for k, v in models[j].items()}
+            for _ in range(config.epochs):
+                p = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+                grads = torch.autograd.grad(F.cross_entropy(_forward(p, x), y), list(p.values()))
+                w = {k: w[k] - config.lr * d for k, d in zip(w, grads, strict=True)}
+            trained[j].append((w, len(y)))
+            chosen.append(j)
+        for m, mine in trained.items():
+            if mine:
+                sizes = torch.tensor([n if weighted else 1 for _, n in mine], dtype=torch.float64)
+                share = sizes / sizes.sum()
+                models[m] = {
+                    k: sum(s * w[k] for s, (w, _) in zip(share, mine, strict=True))
+                    for k in models[m]
+                }
+        choices.append(chosen)
+    return models, choices
+
+
+def _gap(result: dict[str, np.ndarray], models: list[Params]) -> float:
+    return max(
+        _largest_gap(got, {k: v.numpy() for k, v in want.items()})
+        for got, want in zip(
+            [{k: v.numpy() for k, v in m.items()} for m in _split(result)], models, strict=True
+        )
+    )
+
+
+def test_three_rounds_of_ifca_are_algorithm_2() -> None:
+    config, start, result, sampled, _ = tiny_rounds(
+        ROUNDS, algorithm="ifca", num_clients=8, mixture_learners=K
+    )
+    models, choices = _oracle(config, start, sampled)
+    assert _gap(result, models) < 1e-6
+    # More than one model was chosen, and by more than one client, in some round.
+    assert len({j for c in choices for j in c}) > 1, choices
+    assert any(len(c) - len(set(c)) > 0 for c in choices), choices
+    # The server's global weights are the share of samples on each model (FedEM's).
+    assert result[MIXTURE_WEIGHTS].shape == (1, K)
+    assert GAMMA not in result
+    # The test can fail: with the mean weighted by samples, or with the largest loss
+    # chosen, the oracle is far from what IFCA computed.
+    for wrong in ({"weighted": True}, {"choose_max": True}):
+        other, _ = _oracle(config, start, sampled, **wrong)
+        assert _gap(result, other) > 1e-4, wrong
