@@ -85,6 +85,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "scaffold",
         "feddyn",
         "moon",
+        "fedrod",
         "apfl",
         "l2gd",
         "fed-mtl",
@@ -99,6 +100,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
 
 # SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
 # FedDyn: the server's h in the checkpoint, each client's g_k in its snapshot.
+# MOON: each client's previous body in its snapshot. FedRoD: its personal head there.
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
 # client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
@@ -114,9 +116,10 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "sheaf-frl",
         "scaffold",
         "feddyn",
+        "moon",
+        "fedrod",
         "apfl",
         "l2gd",
-        "moon",
         "fed-mtl",
         "pfedme",
         "clustered-fl",
