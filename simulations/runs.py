@@ -146,18 +146,22 @@ def run_methods(
     *,
     algorithm: Mapping[str, str] | None = None,
     shared: Mapping[str, str] | None = None,
+    method_values: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[tuple[str, int], Path]:
     """Run every method with every seed (``runs/METHOD-seedK``) and return the run
     directories by (method, seed). ``algorithm`` maps a method to the algorithm it runs
     (default: itself); a method in ``shared`` takes the run of another method (FedAvg's
-    numbers come from the FedAvg+FT run). Validates every run, and that ``--out`` may be
-    written, before the SuperLink starts."""
+    numbers come from the FedAvg+FT run); ``method_values`` are a method's own settings,
+    under ``values`` (what the user set wins). Validates every run, and that ``--out``
+    may be written, before the SuperLink starts."""
     root = args.out.expanduser().resolve() / "runs"
     algorithm = algorithm or {}
     shared = {m: s for m, s in (shared or {}).items() if s in methods}
     keys = [(m, seed) for seed in seeds for m in methods if m not in shared]
+    own = method_values or {}
     runs = [
         {
+            **own.get(m, {}),
             **values,
             "algorithm": algorithm.get(m, m),
             "seed": seed,
