@@ -81,6 +81,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "l2gd": {"algorithm": "l2gd", "dataset": "digits", "l2gd_p": 0.5},
     # Fed-MTL: every client's model is the state; each reply replaces its own
     "fed-mtl": {"algorithm": "fed-mtl", "dataset": "digits"},
+    # FedAMP: the same state, each client sent an attentive combination of all of it
+    "fedamp": {"algorithm": "fedamp", "dataset": "digits", "fedamp_sigma": 100.0},
     # pFedMe: the server's beta step from the last global model
     "pfedme": {"algorithm": "pfedme", "dataset": "digits", "pfedme_beta": 2.0},
     # Clustered FL: split from the first round on, so that replies reach two clusters

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from fedpers.cohort import Arrays, Cohort, Metrics, Reply
+    from fedpers.training import View
     from fedpers.update import Personalized
 
 PERSONAL_HEAD = "phead"  # the personal head's part in the cohort's stack
@@ -51,11 +52,11 @@ def _two_heads() -> type:
     from torch import nn
 
     class TwoHeads(nn.Module):
-        def __init__(self, model: nn.Module) -> None:
+        def __init__(self, model: Any) -> None:
             super().__init__()
-            self.body = model.body
-            self.head = model.head
-            self.phead = _copy(model.head)
+            self.body: nn.Module = model.body
+            self.head: nn.Module = model.head
+            self.phead: nn.Module = _copy(model.head)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             z = self.body(x)
@@ -70,15 +71,16 @@ def _copy(module: Any) -> Any:
     return copy.deepcopy(module)
 
 
-def objective(model: Any, batch: tuple[Any, ...], log_counts: Any) -> Any:
-    """One client's step: the balanced softmax of the generic head plus the personal
-    head's cross-entropy on top of the detached generic logits (the module's note)."""
+def objective(model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor:
+    """One client's step: the balanced softmax of the generic head (``inputs``: the
+    client's ``log n_c``) plus the personal head's cross-entropy on top of the detached
+    generic logits (the module's note)."""
     import torch.nn.functional as F
 
     x, y, weight, count, _ = batch
     z = model.part(BODY, x)
     generic = model.part(HEAD, z)
-    balanced = F.cross_entropy(generic + log_counts, y, reduction="none")
+    balanced = F.cross_entropy(generic + inputs, y, reduction="none")
     personal = F.cross_entropy(
         generic.detach() + model.part(PERSONAL_HEAD, z.detach()), y, reduction="none"
     )

@@ -89,6 +89,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "apfl",
         "l2gd",
         "fed-mtl",
+        "fedamp",
         "pfedme",
     ):
         config = load_run_config({"algorithm": algorithm, "resume": True, "dataset": "digits"})
@@ -102,8 +103,9 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
 # FedDyn: the server's h in the checkpoint, each client's g_k in its snapshot.
 # MOON: each client's previous body in its snapshot. FedRoD: its personal head there.
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
-# x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL: every
-# client's model in the checkpoint and on its device. pFedMe: theta in the snapshots.
+# x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL and
+# FedAMP: every client's model in the checkpoint and on its device. pFedMe: theta in the
+# snapshots.
 # Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
 # FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
 # Sheaf-FMTL: each agent's model and restriction maps in its snapshot, nothing on the server.
@@ -121,6 +123,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "apfl",
         "l2gd",
         "fed-mtl",
+        "fedamp",
         "pfedme",
         "clustered-fl",
         "fedproto",

@@ -37,10 +37,19 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
 }
 # The comparison rows whose server does something of its own with a reply (SCAFFOLD's
-# variates, FedDyn's h, L2GD's mean of personal models, Fed-MTL's per-client models,
-# pFedMe's beta step, Clustered FL's clusters, FedProto's prototypes), as the reply
-# sweep builds them
-EXCHANGES = ("scaffold", "feddyn", "l2gd", "fed-mtl", "pfedme", "clustered-fl", "fedproto")
+# variates, FedDyn's h, L2GD's mean of personal models, Fed-MTL's and FedAMP's per-client
+# models, pFedMe's beta step, Clustered FL's clusters, FedProto's prototypes), as the
+# reply sweep builds them
+EXCHANGES = (
+    "scaffold",
+    "feddyn",
+    "l2gd",
+    "fed-mtl",
+    "fedamp",
+    "pfedme",
+    "clustered-fl",
+    "fedproto",
+)
 FAMILIES.update({name: reply_fuzz.FAMILIES[name] for name in EXCHANGES})
 FAULTY = 1  # the faulty partition; every partition trains every round
 CHEAP = {"epochs": 1, "head_epochs": 2}

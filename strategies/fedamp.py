@@ -1,0 +1,70 @@
+"""FedAMP's server (Huang et al., AAAI 2021, Algorithm 1; the clients' update and the
+attention weights are ``fedpers/algorithms/fedamp.py``). As Fed-MTL's, it keeps every
+client's last model as the global state (``task.<partition>.<parameter>``, the seeded
+initial model at first, checkpointed) and each round the replies kept replace their
+clients' models; a sampled client is sent its cloud model ``u_i``, the attentive
+combination of every model held, and screened against its own model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedpers import protocol
+from fedpers.algorithms.fedamp import FedAmpSettings, attention
+from fedpers.strategies import screening
+from fedpers.strategies.fedmtl import FedMTL, Model, _mean, _tasks
+
+
+class FedAMP(FedMTL):
+    """Every client's model kept; each sampled client sent its ``u_i``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = self.run.group(FedAmpSettings)
+
+    def train_contents(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> dict[int, RecordDict]:
+        """To each sampled client its cloud model ``u_i``."""
+        self.tasks = _tasks(arrays)
+        sampled = self.sample(server_round)
+        self.round_config(server_round, config)
+        contents = {}
+        for partition in sampled:
+            cloud = self.cloud_model(partition)
+            sent = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in cloud.items()})
+            contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
+        # Replies are screened against their client's own model (``sent_to``); the mean
+        # of the sampled models stands for them elsewhere.
+        self.current_shared = _mean([self.tasks[p] for p in sampled])
+        self.sent_arrays = screening.array_specs(
+            ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in self.current_shared.items()})
+        )
+        return contents
+
+    def cloud_model(self, partition: int) -> Model:
+        """``u_i = xi_ii w_i + sum_{j != i} xi_ij w_j`` over every model held, the others'
+        part combined by the run's ``aggregation`` with weights ``xi_ij``."""
+        everyone = sorted(self.tasks)
+        i = everyone.index(partition)
+        own = self.tasks[partition]
+        names = sorted(own)
+        flat = np.stack(
+            [np.concatenate([self.tasks[p][n].ravel() for n in names]) for p in everyone]
+        ).astype(np.float64)
+        xi = attention(flat, i, self.settings.fedamp_alpha, self.settings.fedamp_sigma)
+        others = [j for j in range(len(everyone)) if j != i and xi[j] > 0]
+        if not others:
+            return own
+        share = float(xi[others].sum())
+        mix = self.combine(
+            [self.tasks[everyone[j]] for j in others], [float(xi[j]) for j in others], own
+        )
+        return {
+            n: ((1.0 - share) * own[n].astype(np.float64) + share * mix[n]).astype(own[n].dtype)
+            for n in own
+        }
