@@ -86,6 +86,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "feddyn",
         "moon",
         "fedrod",
+        "fedala",
         "apfl",
         "l2gd",
         "fed-mtl",
@@ -102,6 +103,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
 # SCAFFOLD: its server variate c is in the checkpoint, each client's c_i in its snapshot.
 # FedDyn: the server's h in the checkpoint, each client's g_k in its snapshot.
 # MOON: each client's previous body in its snapshot. FedRoD: its personal head there.
+# FedALA: each client's model and its weights W there.
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL and
 # FedAMP: every client's model in the checkpoint and on its device. pFedMe: theta in the
@@ -120,6 +122,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "feddyn",
         "moon",
         "fedrod",
+        "fedala",
         "apfl",
         "l2gd",
         "fed-mtl",
