@@ -40,7 +40,7 @@ from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.algorithms.fed_mtl import TASK
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import positive, setting
+from fedpers.settings import finite, setting
 
 if TYPE_CHECKING:
     from fedpers.cohort import Cohort, Reply
@@ -69,22 +69,27 @@ class FedAmpSettings:
     )
 
     def check(self) -> None:
-        positive("fedamp-alpha", self.fedamp_alpha)
-        positive("fedamp-lambda", self.fedamp_lambda)
-        positive("fedamp-sigma", self.fedamp_sigma)
+        finite("fedamp-alpha", self.fedamp_alpha, 0.0, strict=True)
+        finite("fedamp-lambda", self.fedamp_lambda, 0.0, strict=True)
+        finite("fedamp-sigma", self.fedamp_sigma, 0.0, strict=True)
 
 
 def attention(flat: np.ndarray, i: int, alpha: float, sigma: float) -> np.ndarray:
     """The weights ``xi_ij`` of client ``i``'s cloud model over the models ``flat``
     (n, d), row ``i`` its own: ``(alpha / sigma) exp(-||w_i - w_j||^2 / sigma)`` for
-    ``j != i``, scaled to sum to 1 where they exceed it, and ``xi_ii = 1 - sum``."""
+    ``j != i``, scaled to sum to 1 where they exceed it, and ``xi_ii = 1 - sum``.
+    Computed in logarithms, so that any finite positive ``alpha`` and ``sigma`` give a
+    distribution."""
+    from scipy.special import logsumexp
+
     distances = ((flat - flat[i]) ** 2).sum(axis=1)
-    xi = alpha / sigma * np.exp(-distances / sigma)
-    xi[i] = 0.0
-    total = float(xi.sum())
-    if total > 1.0:
-        xi /= total
-    xi[i] = 1.0 - float(xi.sum())
+    logs = np.log(alpha) - np.log(sigma) - distances / sigma
+    logs[i] = -np.inf
+    xi = np.zeros(len(flat))
+    if len(flat) > 1:
+        total = float(logsumexp(logs))
+        xi = np.exp(logs - max(total, 0.0))
+    xi[i] = max(0.0, 1.0 - float(xi.sum()))
     return xi
 
 

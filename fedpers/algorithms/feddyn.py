@@ -39,7 +39,7 @@ from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.cohort import Member
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import positive, setting
+from fedpers.settings import finite, setting
 
 if TYPE_CHECKING:
     from fedpers.cohort import Arrays, Cohort, Reply
@@ -65,7 +65,7 @@ class FedDynSettings:
     )
 
     def check(self) -> None:
-        positive("feddyn-alpha", self.feddyn_alpha)
+        finite("feddyn-alpha", self.feddyn_alpha, 0.0, strict=True)
 
 
 def is_h(name: str) -> bool:

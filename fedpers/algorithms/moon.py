@@ -32,7 +32,7 @@ import numpy as np
 
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.protocol import BODY, HEAD, MODEL_PARTS
-from fedpers.settings import positive, setting
+from fedpers.settings import finite, setting
 
 if TYPE_CHECKING:
     from fedpers.cohort import Cohort, Reply
@@ -61,8 +61,8 @@ class MoonSettings:
     )
 
     def check(self) -> None:
-        positive("moon-mu", self.moon_mu)
-        positive("moon-tau", self.moon_tau)
+        finite("moon-mu", self.moon_mu, 0.0, strict=True)
+        finite("moon-tau", self.moon_tau, 0.0, strict=True)
 
 
 def contrastive(mu: float, tau: float) -> Any:

@@ -94,6 +94,6 @@ def test_feddyn_keeps_state_sends_no_h_and_refuses_dp_and_a_bad_alpha() -> None:
     assert config.spec.keeps_state  # g_k: an exact resume needs client-state-dir
     with pytest.raises(ConfigError, match="'dp' = 'central' does not cover 'feddyn'"):
         load_run_config({"algorithm": "feddyn", "dp": "central"})
-    for bad in (0.0, -0.1, float("nan")):
+    for bad in (0.0, -0.1, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="feddyn-alpha"):
             load_run_config({"algorithm": "feddyn", "feddyn-alpha": bad})

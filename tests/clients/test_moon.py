@@ -100,6 +100,6 @@ def test_moon_keeps_state_and_refuses_a_bad_mu_or_tau() -> None:
     config = load_run_config({"algorithm": "moon"})
     assert config.spec.keeps_state  # the previous body: an exact resume needs client-state-dir
     for key in ("moon-mu", "moon-tau"):
-        for bad in (0.0, -0.1, float("nan")):
+        for bad in (0.0, -0.1, float("nan"), float("inf")):
             with pytest.raises(ConfigError, match=key):
                 load_run_config({"algorithm": "moon", key: bad})
