@@ -83,6 +83,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "fed-mtl": {"algorithm": "fed-mtl", "dataset": "digits"},
     # FedAMP: the same state, each client sent an attentive combination of all of it
     "fedamp": {"algorithm": "fedamp", "dataset": "digits", "fedamp_sigma": 100.0},
+    # pFedHN: each client sent its generated model; the replies step a hypernetwork
+    "pfedhn": {"algorithm": "pfedhn", "dataset": "digits", "pfedhn_hidden": 16},
     # pFedMe: the server's beta step from the last global model
     "pfedme": {"algorithm": "pfedme", "dataset": "digits", "pfedme_beta": 2.0},
     # Clustered FL: split from the first round on, so that replies reach two clusters

@@ -40,10 +40,10 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     # The reply sweep: 10 generated replies per family and phase, none breaking a
     # property; the run's flwr runs after it still finished (runs_crashed above)
     sweep = summary["sweep"]
-    # 26 phases (training and evaluation of 13 federations: SCAFFOLD's, FedDyn's,
-    # L2GD's, Fed-MTL's, FedAMP's, pFedMe's, Clustered FL's, IFCA's and FedProto's among
-    # them), 3 votes, FedGMM's 3 start-up statistics queries
-    assert sweep["replies"] == len(sweep["by_case"]) * 10 == 320
+    # 28 phases (training and evaluation of 14 federations: SCAFFOLD's, FedDyn's,
+    # L2GD's, Fed-MTL's, FedAMP's, pFedHN's, pFedMe's, Clustered FL's, IFCA's and
+    # FedProto's among them), 3 votes, FedGMM's 3 start-up statistics queries
+    assert sweep["replies"] == len(sweep["by_case"]) * 10 == 340
     assert sweep["exceptions"] == 0
     assert sweep["violations"] == dict.fromkeys(sweep["violations"], 0)
     assert len(sweep["violations"]) == 4

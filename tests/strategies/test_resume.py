@@ -107,7 +107,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
 # APFL: v and alpha in the snapshots. L2GD: the mean of all x_i in the checkpoint, the
 # x_i in the snapshots (and the round's coin drawn again from the seed). Fed-MTL and
 # FedAMP: every client's model in the checkpoint and on its device. pFedMe: theta in the
-# snapshots.
+# snapshots. pFedHN: the hypernetwork and the embeddings in the checkpoint alone.
 # Clustered FL: the clusters' models and who is in which, in the checkpoint alone.
 # FedProto: the global prototypes in the checkpoint, the agents in their snapshots.
 # Sheaf-FMTL: each agent's model and restriction maps in its snapshot, nothing on the server.
@@ -127,6 +127,7 @@ def test_resume_without_client_state_refuses_naming_the_key(tmp_path: Path) -> N
         "l2gd",
         "fed-mtl",
         "fedamp",
+        "pfedhn",
         "pfedme",
         "clustered-fl",
         "fedproto",

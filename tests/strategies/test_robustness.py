@@ -38,14 +38,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 # The comparison rows whose server does something of its own with a reply (SCAFFOLD's
 # variates, FedDyn's h, L2GD's mean of personal models, Fed-MTL's and FedAMP's per-client
-# models, pFedMe's beta step, Clustered FL's clusters, FedProto's prototypes), as the
-# reply sweep builds them
+# models, pFedHN's hypernetwork, pFedMe's beta step, Clustered FL's clusters, FedProto's
+# prototypes), as the reply sweep builds them
 EXCHANGES = (
     "scaffold",
     "feddyn",
     "l2gd",
     "fed-mtl",
     "fedamp",
+    "pfedhn",
     "pfedme",
     "clustered-fl",
     "fedproto",
