@@ -127,7 +127,7 @@ def _reply(
     content = RecordDict({protocol.METRICS: MetricRecord(values)})
     if arrays is not None:
         content[protocol.ARRAYS] = ArrayRecord(
-            {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
+            {name: Array(records.contiguous(a)) for name, a in arrays.items()}
         )
     return Message(content=content, reply_to=msg)
 

@@ -147,7 +147,7 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Array]], dict[str, dict[str, 
         for key in stored.files:
             if key.startswith("a|"):
                 _, record, name = key.split("|", 2)
-                arrays.setdefault(record, {})[name] = Array(np.ascontiguousarray(stored[key]))
+                arrays.setdefault(record, {})[name] = Array(records.contiguous(stored[key]))
     return arrays, configs, binding
 
 

@@ -293,13 +293,13 @@ def _array_edit(draw: st.DrawFn, arrays: ArrayRecord, edit: str) -> None:
         arrays[draw(st.text(max_size=8))] = Array(current.copy())
     elif edit == "values":
         dtype = draw(st.one_of(st.just(str(current.dtype)), DTYPES))
-        arrays[name] = Array(np.ascontiguousarray(draw(_values(current.shape, dtype))))
+        arrays[name] = Array(records.contiguous(draw(_values(current.shape, dtype))))
     elif edit == "shape":
         shape = tuple(draw(st.lists(st.integers(0, 5), max_size=3)))
-        arrays[name] = Array(np.ascontiguousarray(draw(_values(shape, str(current.dtype)))))
+        arrays[name] = Array(records.contiguous(draw(_values(shape, str(current.dtype)))))
     elif edit == "scale":
         if current.dtype.kind == "f":
-            arrays[name] = Array(np.ascontiguousarray(current * current.dtype.type(draw(SCALES))))
+            arrays[name] = Array(records.contiguous(current * current.dtype.type(draw(SCALES))))
     else:
         del arrays[name]
 
@@ -741,7 +741,7 @@ def _statistics_changed(
     arrays = content.array_records[protocol.ARRAYS]
     for name in list(arrays.keys()):
         if "count" not in name:
-            arrays[name] = Array(np.ascontiguousarray(change(arrays[name].numpy())))
+            arrays[name] = Array(records.contiguous(change(arrays[name].numpy())))
     return content
 
 

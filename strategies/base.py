@@ -167,7 +167,7 @@ class FedpersStrategy(Strategy):
                 partition,
                 f"{protocol.QUERY_INITIAL}: its initial model is not the majority's",
             )
-        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+        return ArrayRecord({k: Array(records.contiguous(v)) for k, v in arrays.items()})
 
     def voters(self) -> list[int]:
         """The partitions that vote on the initial model: every one where there are at
@@ -384,7 +384,7 @@ class FedpersStrategy(Strategy):
         else:
             weights = [screening.num_examples(reply) for reply in valid]
             averaged = self.combine(arrays, weights, self.current_shared)
-        record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in averaged.items()})
+        record = ArrayRecord({k: Array(records.contiguous(v)) for k, v in averaged.items()})
         return record, metrics
 
     def private_release(
@@ -688,7 +688,7 @@ class FedpersStrategy(Strategy):
         for name in self.scaled_arrays():
             if name in arrays:
                 values = arrays[name].numpy()
-                arrays[name] = Array(np.ascontiguousarray(values * factor).astype(values.dtype))
+                arrays[name] = Array(records.contiguous(values * factor).astype(values.dtype))
 
     def configure_train_rejections(self, server_round: int) -> tuple[str, ...]:
         """Answers left out while configuring training, with why: none here; a strategy

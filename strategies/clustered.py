@@ -262,12 +262,12 @@ def _flat(model: Model, start: Model) -> np.ndarray:
 
 
 def _model_record(model: Model) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in model.items()})
+    return ArrayRecord({k: Array(records.contiguous(v)) for k, v in model.items()})
 
 
 def _record(models: dict[int, Model], assignment: np.ndarray) -> ArrayRecord:
     arrays = {
-        f"{CLUSTER}{c}.{name}": Array(np.ascontiguousarray(v))
+        f"{CLUSTER}{c}.{name}": Array(records.contiguous(v))
         for c, model in sorted(models.items())
         for name, v in model.items()
     }

@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import protocol
+from fedpers import protocol, records
 from fedpers.algorithms.fedamp import FedAmpSettings, attention
 from fedpers.strategies import screening
 from fedpers.strategies.fedmtl import FedMTL, Model, _mean, _tasks
@@ -36,13 +36,13 @@ class FedAMP(FedMTL):
         contents = {}
         for partition in sampled:
             cloud = self.cloud_model(partition)
-            sent = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in cloud.items()})
+            sent = ArrayRecord({k: Array(records.contiguous(v)) for k, v in cloud.items()})
             contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
         # Replies are screened against their client's own model (``sent_to``); the mean
         # of the sampled models stands for them elsewhere.
         self.current_shared = _mean([self.tasks[p] for p in sampled])
         self.sent_arrays = screening.array_specs(
-            ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in self.current_shared.items()})
+            ArrayRecord({k: Array(records.contiguous(v)) for k, v in self.current_shared.items()})
         )
         return contents
 

@@ -136,7 +136,7 @@ class FedEM(FedpersStrategy):
         updated[mixture_family.MIXTURE_WEIGHTS] = gmm.global_weights(gammas)
         updated.update(self.aggregate_components(arrays, gammas))
         metrics = mean_metrics(contents)
-        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}), metrics
+        return ArrayRecord({k: Array(records.contiguous(v)) for k, v in updated.items()}), metrics
 
     def aggregate_components(
         self, arrays: list[ArrayRecord], gammas: list[np.ndarray]

@@ -62,13 +62,13 @@ class FedMTL(FedpersStrategy):
                 if others
                 else {k: np.zeros_like(v) for k, v in reference.items()}
             )
-            sent = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in mean.items()})
+            sent = ArrayRecord({k: Array(records.contiguous(v)) for k, v in mean.items()})
             contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
         # Replies are models of the sampled clients, each screened against its own model
         # as the round began (``sent_to``); their mean stands for them elsewhere.
         self.current_shared = reference
         self.sent_arrays = screening.array_specs(
-            ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in reference.items()})
+            ArrayRecord({k: Array(records.contiguous(v)) for k, v in reference.items()})
         )
         return contents
 
@@ -108,7 +108,7 @@ def _tasks(arrays: ArrayRecord) -> dict[int, Model]:
 def _record(tasks: dict[int, Model]) -> ArrayRecord:
     return ArrayRecord(
         {
-            f"{TASK}{p}.{name}": Array(np.ascontiguousarray(v))
+            f"{TASK}{p}.{name}": Array(records.contiguous(v))
             for p, model in sorted(tasks.items())
             for name, v in model.items()
         }

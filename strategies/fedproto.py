@@ -63,7 +63,7 @@ class FedProto(PeerRelay):
         contents = {}
         for agent in self.agents:
             record = ArrayRecord(
-                {k: Array(np.ascontiguousarray(v)) for k, v in self.current_shared.items()}
+                {k: Array(records.contiguous(v)) for k, v in self.current_shared.items()}
             )
             self._count(server_round, record.count_bytes())
             contents[agent] = RecordDict(
@@ -128,8 +128,8 @@ class FedProto(PeerRelay):
             means, counts = self.robust_prototypes(valid, counts)
         record = ArrayRecord(
             {
-                PROTOTYPES: Array(np.ascontiguousarray(means.astype(np.float32))),
-                PROTOTYPE_COUNTS: Array(np.ascontiguousarray(counts)),
+                PROTOTYPES: Array(records.contiguous(means.astype(np.float32))),
+                PROTOTYPE_COUNTS: Array(records.contiguous(counts)),
             }
         )
         return record, mean_metrics([r.content for r in valid])

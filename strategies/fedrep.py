@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedpers import linear, protocol
+from fedpers import linear, protocol, records
 from fedpers.families import linear as linear_family
 from fedpers.families.linear import BODY as LINEAR_BODY
 from fedpers.strategies import screening
@@ -37,7 +37,7 @@ class FedRepLinear(FedpersStrategy):
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """``B0`` from the Method of Moments over every node."""
         initial = moments_representation(self, grid, timeout=timeout)
-        return ArrayRecord({LINEAR_BODY: Array(np.ascontiguousarray(initial.T))})
+        return ArrayRecord({LINEAR_BODY: Array(records.contiguous(initial.T))})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -47,7 +47,7 @@ class FedRepLinear(FedpersStrategy):
         if arrays is not None:
             averaged = arrays[LINEAR_BODY].numpy().T
             arrays = ArrayRecord(
-                {LINEAR_BODY: Array(np.ascontiguousarray(linear.orthonormalize(averaged).T))}
+                {LINEAR_BODY: Array(records.contiguous(linear.orthonormalize(averaged).T))}
             )
         return arrays, metrics
 

@@ -12,6 +12,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 
+from fedpers import records
 from fedpers.families import linear as linear_family
 from fedpers.families.linear import BODY as LINEAR_BODY
 from fedpers.families.linear import HEAD as LINEAR_HEAD
@@ -31,7 +32,7 @@ class FedSGD(FedpersStrategy):
         initial = moments_representation(self, grid, timeout=timeout)
         return ArrayRecord(
             {
-                LINEAR_BODY: Array(np.ascontiguousarray(initial.T)),
+                LINEAR_BODY: Array(records.contiguous(initial.T)),
                 LINEAR_HEAD: Array(np.zeros((1, linear_family.settings(self.run).linear_rank))),
             }
         )

@@ -172,7 +172,7 @@ class PeerRelay(FedpersStrategy):
         contents = {}
         for agent in self.agents:
             record = ArrayRecord(
-                {k: Array(np.ascontiguousarray(v)) for k, v in relayed.get(agent, {}).items()}
+                {k: Array(records.contiguous(v)) for k, v in relayed.get(agent, {}).items()}
             )
             self._count(server_round, record.count_bytes())
             contents[agent] = RecordDict(

@@ -106,4 +106,4 @@ class PFedHN(FedpersStrategy):
 
 
 def _record(arrays: Model) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(records.contiguous(v)) for k, v in arrays.items()})

@@ -94,7 +94,7 @@ def projection(local: Agents, k: int) -> np.ndarray:
 
 def _keep(local: Agents, k: int, value: np.ndarray) -> None:
     local.writes[k][STATE_PROJECTION] = ArrayRecord(
-        {STATE_PROJECTION: Array(np.ascontiguousarray(value))}
+        {STATE_PROJECTION: Array(records.contiguous(value))}
     )
 
 

@@ -147,7 +147,7 @@ def _variates(
     variate = {name: (x[name].astype(np.float64) - y[name]) / scale for name in x}
     updated = {name: (own[name] - server[name] + variate[name]).astype(np.float32) for name in x}
     member.state[STATE_CONTROL] = ArrayRecord(
-        {k: Array(np.ascontiguousarray(v)) for k, v in updated.items()}
+        {k: Array(records.contiguous(v)) for k, v in updated.items()}
     )
     return {**y, **{CONTROL + k: v.astype(np.float32) for k, v in variate.items()}}, metrics
 

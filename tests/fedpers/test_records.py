@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedpers import records
+from fedpers import protocol, records
 
 DTYPES = st.sampled_from(
     ["<f4", "<f8", ">f8", "<f2", "<i8", "<i4", "|u1", "|i1", "|b1", "<c16", "<u2"]
@@ -106,3 +106,22 @@ def test_edited_header_fields_decode_or_fail_as_numpy_does(at: int, byte: int) -
     data = bytearray(array.data)
     data[at] = byte
     _same(Array(dtype=array.dtype, shape=tuple(array.shape), stype=array.stype, data=bytes(data)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    hnp.arrays(
+        st.sampled_from([np.float32, np.float64, np.int64]),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+    )
+)
+def test_contiguous_keeps_every_shape_so_a_digest_survives_the_wire(array: np.ndarray) -> None:
+    # np.ascontiguousarray makes a 0-d array (BatchNorm's step count) 1-d: a node's
+    # arrays then differed from the digest it sent of them, and the vote on the initial
+    # model of a BatchNorm model failed (found 2026-12-07).
+    sent = records.values(Array(records.contiguous(array)))
+    assert sent.shape == array.shape
+    assert sent.dtype == array.dtype
+    assert sent.flags.c_contiguous
+    np.testing.assert_array_equal(sent, array)
+    assert np.array_equal(protocol.arrays_digest({"a": sent}), protocol.arrays_digest({"a": array}))
