@@ -73,7 +73,7 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
 # A method's own settings where its key is shared with other rows, chosen on MNIST-1D's
 # validation split (docs/reproducing.md): IFCA's k models are the mixture family's
 # `mixture-learners` (FedEM's and FedGMM's stay at their default). --run-config wins.
-METHOD_SETTINGS: dict[str, dict[str, Any]] = {"ifca": {"mixture-learners": 5}}
+METHOD_SETTINGS: dict[str, dict[str, Any]] = {"ifca": {"mixture-learners": 20}}
 # A method and its +FT row train alike and differ after the last round: when both are
 # asked for, they share the +FT run, which records the accuracy before fine-tuning too.
 FINETUNED = {"fedavg": "fedavg-ft", "fedprox": "fedprox-ft", "scaffold": "scaffold-ft"}

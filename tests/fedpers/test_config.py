@@ -63,7 +63,7 @@ def test_defaults_parse_and_round_trip() -> None:
         (
             {"unseen-fraction": 0.2},
             "needs an algorithm that can serve unseen clients "
-            "(fedavg, fedavg-plus, fedem, fedgmm, fedprox)",
+            "(fedavg, fedavg-plus, fedem, fedgmm, fedprox, fedrod, ifca, moon)",
         ),
         ({"algorithm": "fedgmm", "gmm-embedding": "resnet18"}, "needs 'gmm-encoder-weights'"),
         (
