@@ -72,8 +72,8 @@ REFUSED = "No SuperNode found with the given public key"
 # ClientApp process per message; docs/deploying.md, "A faster SuperNode"); 300 s left
 # too little room on a slower machine.
 RUN_LIMIT = 480
-# FedRep on digits, every node every round: the late-joining node's run, and the runs
-# with client-level DP clipped and noised on the devices (dp = "distributed"), whose
+# FedRep on digits, every node every round: the runs with client-level DP clipped and
+# noised on the devices (dp = "distributed"), whose
 # shared body a clip of 0.05 binds (the first round's loss 0.59 against 0.20 without it).
 FEDREP_RUN = {
     "algorithm": "fedrep",
@@ -82,6 +82,18 @@ FEDREP_RUN = {
     "fraction-train": 1.0,
     "round-timeout": 40.0,
 }
+# FedAMP (issue 44), the late-joining node's run: a method with its own exchange (each
+# node sent its own cloud model, every client's model the server's state), 2 rounds so
+# that the second's cloud models differ by node; sigma large enough that they mix.
+FEDAMP_RUN = {
+    "algorithm": "fedamp",
+    "dataset": "digits",
+    "num-clients": NODES,
+    "fraction-train": 1.0,
+    "round-timeout": 40.0,
+    "fedamp-sigma": 100.0,
+}
+LATE_ROUNDS = 2
 # A node that starts this long after the run, beyond a simulation's settling time.
 LATE_SECONDS = SETTLED_SECONDS + 5.0
 DP_CLIP = 0.05
@@ -201,27 +213,28 @@ def test_a_deployed_run_waits_for_a_node_that_joins_late(cluster: Cluster, tmp_p
     """A device that comes up after the run started is waited for, up to the round
     timeout; a simulation's rule (its virtual nodes all register at once, so a count
     that stays short for SETTLED_SECONDS is an error) must not apply. Until 2026-12-05 a
-    deployed ServerApp took itself for a simulation and failed such a run."""
+    deployed ServerApp took itself for a simulation and failed such a run. The run is
+    FedAMP's, whose rounds equal its simulation's on the real SuperNodes."""
     cluster.kill("node1")
     spare = NODES + 2  # node5: node1's new key (a killed key stays ONLINE for a minute)
     cluster.replace_identity(1, spare)
     key = str(cluster.credentials / f"node{spare}" / f"node{spare}")
     late = threading.Timer(LATE_SECONDS, lambda: cluster.start_supernode(1, key=key))
     results = tmp_path / "results"
-    config = write_run_config(
-        tmp_path / "late.toml",
-        {**FEDREP_RUN, "num-rounds": 1, "results-dir": str(results), "run-name": "late"},
-    )
+    run = {**FEDAMP_RUN, "num-rounds": LATE_ROUNDS, "results-dir": str(results)}
+    config = write_run_config(tmp_path / "late.toml", {**run, "run-name": "late"})
     late.start()
     try:
-        cluster.start_run(config, results / "late", rounds=1, limit=RUN_LIMIT)()
+        cluster.start_run(config, results / "late", rounds=LATE_ROUNDS, limit=RUN_LIMIT)()
     finally:
         late.join()
     rounds = read_rounds(results / "late")
-    assert [(r.round, r.replies) for r in rounds] == [(1, NODES)]
+    assert [(r.round, r.replies) for r in rounds] == [(1, NODES), (2, NODES)]
     startup = read_summary(results / "late")["startup_unix"]
     waited = startup["nodes_registered"] - startup["serverapp_started"]
     assert waited > SETTLED_SECONDS, startup  # longer than a simulation may wait
+    simulated = InProcessSimulation().run({**run, "run-name": "simulated"})
+    same_rounds(rounds, read_rounds(simulated), nodes=NODES)
 
 
 # Long on purpose: one deployed run observed as it goes (its simulated twin first,
