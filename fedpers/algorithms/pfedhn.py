@@ -22,8 +22,9 @@ seeded by the run. It is computed here in numpy (its forward pass and its
 vector-Jacobian product, written out), so the server still never imports torch. Its
 state, the global arrays ``pfedhn.<name>`` (``embeddings`` (n, e) and the layers), is
 checkpointed with the run; at 1,000 clients of FedRep's MNIST-1D MLP (14,154
-parameters) with the defaults (e = 1 + 1,000 / 4, hidden 100), 1.0 MB of it is the
-embeddings (251 floats a client) and 11.5 MB the layers.
+parameters) with the defaults (e = 1 + 1,000 / 4, hidden 100), 13.9 MB: 2.0 MB of
+embeddings (251 float64 a client, 2,008 bytes) and 11.9 MB of layers (their arrays'
+sizes, 2026-12-07).
 
 What differs from the paper, and why: the authors take one client a step, with momentum;
 a round here samples several, whose products are combined by the run's ``aggregation``
