@@ -117,7 +117,7 @@ def ala(
     gap = {n: global_[n] - local[n] for n in head}
     losses: list[float] = []
     epochs = 0
-    while True:
+    while len(y):
         for start in range(0, len(y), batch_size):
             mixed = {n: (local[n] + gap[n] * w[n]).requires_grad_(True) for n in head}
             with training_mode(model, False):
@@ -129,7 +129,7 @@ def ala(
                     n: (w[n] - settings.fedala_eta * g * gap[n]).clamp(0.0, 1.0)
                     for n, g in zip(head, grads, strict=True)
                 }
-            losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()))  # each epoch's last batch, as the authors record
         epochs += 1
         if weights is not None or epochs >= settings.fedala_max_epochs:
             break

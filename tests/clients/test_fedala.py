@@ -136,3 +136,43 @@ def test_fedala_refuses_bad_settings() -> None:
         for value in values:
             with pytest.raises(ConfigError, match=key):
                 load_run_config({"algorithm": "fedala", key: value})
+
+
+def test_the_first_ala_converges_on_epoch_losses_over_several_batches() -> None:
+    """``ala`` against the authors' loop written here: mini-batches in order, W stepped
+    after each, one loss an epoch (its last batch's), stopping when the std of the last
+    10 epoch losses is below the threshold. With 10 batches an epoch a rule over batch
+    losses stops elsewhere (found in review, 2026-12-07)."""
+    from fedpers.algorithms.fedala import FedAlaSettings, ala
+    from fedpers.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("digits-mlp", 10, 0, (64,))
+    local = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    theta = {k: v + 0.05 * torch.randn_like(v) for k, v in local.items()}
+    x = torch.randn(100, 64)
+    y = x[:, :10].argmax(dim=1)
+    settings = FedAlaSettings(fedala_eta=1.0, fedala_threshold=0.05, fedala_max_epochs=200)
+    _, w, epochs = ala(model, local, theta, None, x, y, settings, 10)
+
+    head = [k for k in local if k.startswith("head.")]
+    want = {k: torch.ones_like(local[k]) for k in head}
+    losses: list[float] = []
+    while True:
+        for start in range(0, 100, 10):
+            mixed = {
+                k: (local[k] + (theta[k] - local[k]) * want[k]).requires_grad_(True) for k in head
+            }
+            p = {**{k: v for k, v in theta.items() if k not in head}, **mixed}
+            loss = F.cross_entropy(_forward(p, x[start : start + 10]), y[start : start + 10])
+            grads = torch.autograd.grad(loss, [mixed[k] for k in head])
+            want = {
+                k: (want[k] - 1.0 * g * (theta[k] - local[k])).clamp(0, 1)
+                for k, g in zip(head, grads, strict=True)
+            }
+        losses.append(float(loss.detach()))
+        if len(losses) >= 200 or (len(losses) > 10 and np.std(losses[-10:]) < 0.02):
+            break
+    assert epochs == len(losses)
+    assert 1 < epochs < 200
+    assert max(float((w[k] - want[k]).abs().max()) for k in head) < 1e-6
