@@ -47,8 +47,11 @@ class FedAMP(FedMTL):
         return contents
 
     def cloud_model(self, partition: int) -> Model:
-        """``u_i = xi_ii w_i + sum_{j != i} xi_ij w_j`` over every model held, the others'
-        part combined by the run's ``aggregation`` with weights ``xi_ij``."""
+        """``u_i = xi_ii w_i + sum_{j != i} xi_ij w_j`` over every model held. The others'
+        part is their ``xi``-weighted mean; under a robust ``aggregation`` it is that
+        aggregation of them (the median and the trimmed mean ignore the weights: only
+        the others' share, ``sum xi_ij``, is the attention's), and the weighted mean where
+        the trimmed mean would cut every one of them."""
         everyone = sorted(self.tasks)
         i = everyone.index(partition)
         own = self.tasks[partition]
@@ -61,8 +64,12 @@ class FedAMP(FedMTL):
         if not others:
             return own
         share = float(xi[others].sum())
-        mix = self.combine(
-            [self.tasks[everyone[j]] for j in others], [float(xi[j]) for j in others], own
+        models = [self.tasks[everyone[j]] for j in others]
+        weights = [float(xi[j]) for j in others]
+        mix: Model = (
+            {n: np.tensordot(weights, [m[n] for m in models], axes=1) / share for n in own}
+            if self.trims_every_reply(len(others))
+            else self.combine(models, weights, own)
         )
         return {
             n: ((1.0 - share) * own[n].astype(np.float64) + share * mix[n]).astype(own[n].dtype)

@@ -24,7 +24,9 @@ What differs from the paper, and why: its ``alpha`` must be small enough that
 ``sum_{j != i} xi_ij`` exceeds 1, and this row then scales the ``xi_ij`` to sum to 1
 (``xi_ii = 0``), so that ``u_i`` always stays in the convex hull of the models held.
 With a robust ``aggregation`` the others' part ``sum_{j != i} xi_ij w_j / sum xi_ij`` is
-combined by it with the weights ``xi_ij``. The server holds one model per client: at
+that aggregation of their models (the median and the trimmed mean ignore the weights,
+so the attention then sets only the others' share ``sum xi_ij``; where the trimmed mean
+would cut them all, the weighted mean). The server holds one model per client: at
 1,000 clients of FedRep's MNIST-1D MLP (14,154 float32), 56.6 MB (56,616 bytes a
 client).
 """

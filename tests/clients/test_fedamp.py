@@ -121,3 +121,22 @@ def test_fedamp_refuses_dp_and_bad_settings() -> None:
         for bad in (0.0, -1.0, float("nan"), float("inf")):
             with pytest.raises(ConfigError, match=key):
                 load_run_config({"algorithm": "fedamp", key: bad})
+
+
+def test_a_trimmed_mean_that_would_cut_every_other_model_falls_back_to_the_weights() -> None:
+    # 3 clients, every one sampled: each cloud model mixes 2 others, and a trim of 0.2
+    # cuts 1 of 2 at each end. The server raised AggregationError in round 1 before
+    # (found in review, 2026-12-07); now the others' xi-weighted mean, the paper's u_i.
+    config, start, result, sampled, _ = tiny_rounds(
+        2,
+        algorithm="fedamp",
+        num_clients=3,
+        fraction_train=1.0,
+        aggregation="trimmed-mean",
+        aggregation_trim=0.2,
+        fedamp_alpha=ALPHA,
+        fedamp_lambda=LAMBDA,
+        fedamp_sigma=SIGMA,
+    )
+    assert sampled == [[0, 1, 2], [0, 1, 2]]
+    assert _largest_gap(result, _oracle(config, start, sampled)) < 1e-6
