@@ -102,3 +102,28 @@ def test_three_rounds_of_ifca_are_algorithm_2() -> None:
     for wrong in ({"weighted": True}, {"choose_max": True}):
         other, _ = _oracle(config, start, sampled, **wrong)
         assert _gap(result, other) > 1e-4, wrong
+
+
+def test_a_reply_that_spreads_its_samples_over_models_is_left_out() -> None:
+    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+
+    from fedpers import protocol
+    from fedpers.strategies import build_strategy
+    from tests.helpers import run_config
+
+    strategy = build_strategy(
+        RunConfig.from_mapping(run_config(algorithm="ifca", dataset="digits", mixture_learners=K))
+    )
+
+    def reply(gamma: list[float]) -> Message:
+        content = RecordDict(
+            {
+                protocol.ARRAYS: ArrayRecord({GAMMA: Array(np.array([gamma]))}),
+                protocol.METRICS: MetricRecord({protocol.NUM_EXAMPLES: float(sum(gamma))}),
+            }
+        )
+        return Message(content=content, dst_node_id=1, message_type="train")
+
+    assert strategy.one_choice_defect(reply([0.0, 30.0, 0.0])) is None
+    assert "over 2 models" in strategy.one_choice_defect(reply([29.0, 1e-300, 0.0]))
+    assert "over 3 models" in strategy.one_choice_defect(reply([10.0, 10.0, 10.0]))
