@@ -66,8 +66,9 @@ class PFedHN(FedpersStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """One SGD step of the hypernetwork along the combined products, and of each
-        replying client's embedding along its own; None without a reply."""
+        """One SGD step (with weight decay) of the hypernetwork along the combined
+        products, each clipped to ``pfedhn-clip``, and of each replying client's
+        embedding along its own; None without a reply."""
         valid = [r for r in replies if screening.num_examples(r) > 0]
         if not valid:
             return None, None
@@ -79,14 +80,18 @@ class PFedHN(FedpersStrategy):
             returned = screening.arrays_of(reply)
             delta = pfedhn.flatten(sent) - pfedhn.flatten({k: returned[k] for k in sent})
             grads = pfedhn.vjp(self.state, partition, delta)
-            products.append({k: grads[k] for k in layers})
-            embeddings[partition] = grads[pfedhn.EMBEDDINGS][partition]
+            own = grads[pfedhn.EMBEDDINGS][partition]
+            norm = np.sqrt(sum(float(np.sum(grads[k] ** 2)) for k in layers) + own @ own)
+            factor = min(1.0, self.settings.pfedhn_clip / (norm + 1e-6))
+            products.append({k: factor * grads[k] for k in layers})
+            embeddings[partition] = factor * own
         zeros = {k: np.zeros_like(self.state[k]) for k in layers}
         step = self.combine(products, [1.0] * len(products), zeros)
-        lr = self.settings.pfedhn_lr
+        step[pfedhn.EMBEDDINGS] = embeddings
+        lr, decay = self.settings.pfedhn_lr, self.settings.pfedhn_weight_decay
         new = dict(self.state)
-        new.update({k: self.state[k] - lr * step[k] for k in layers})
-        new[pfedhn.EMBEDDINGS] = self.state[pfedhn.EMBEDDINGS] - lr * embeddings
+        for k in [*layers, pfedhn.EMBEDDINGS]:
+            new[k] = self.state[k] - lr * (step[k] + decay * self.state[k])
         return _record(new), mean_metrics([r.content for r in valid])
 
     def evaluate_contents(

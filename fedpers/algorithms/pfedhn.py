@@ -7,12 +7,14 @@ its ``theta_i``, trains it for the round's ``epochs`` as FedAvg's clients do and
 ``theta~_i``; the server moves the hypernetwork and the client's embedding along the
 vector-Jacobian product of the generated weights with ``theta_i - theta~_i``:
 
-    phi <- phi - lr * mean_i (d theta_i / d phi)^T (theta_i - theta~_i)
-    v_i <- v_i - lr * (d theta_i / d v_i)^T (theta_i - theta~_i)
+    phi <- phi - lr * (mean_i g_phi,i + wd phi),   v <- v - lr * (g_v + wd v),
 
-(the authors' ``autograd.grad(weights, hnet.parameters(), grad_outputs=delta)``, a step
-of plain SGD). A client is tested with the model the server generates for it; nothing
-is kept on the device.
+where ``g_i`` is the product ``(d theta_i / d (phi, v_i))^T (theta_i - theta~_i)`` (the
+authors' ``autograd.grad(weights, hnet.parameters(), grad_outputs=delta)``) scaled to
+at most ``pfedhn-clip`` in norm (their ``clip_grad_norm_``, 50), ``g_v`` puts each
+replying client's part on its own row of the embeddings, and ``wd`` is
+``pfedhn-weight-decay`` (their 1e-3, on every parameter, every embedding row). A client
+is tested with the model the server generates for it; nothing is kept on the device.
 
 The hypernetwork is the authors' MLP: ``a_0 = W_0 v + b_0``, ``a_l = W_l relu(a_{l-1}) +
 b_l`` for ``pfedhn-layers`` hidden layers of ``pfedhn-hidden`` units, then one linear
@@ -26,10 +28,10 @@ parameters) with the defaults (e = 1 + 1,000 / 4, hidden 100), 13.9 MB: 2.0 MB o
 embeddings (251 float64 a client, 2,008 bytes) and 11.9 MB of layers (their arrays'
 sizes, 2026-12-07).
 
-What differs from the paper, and why: the authors take one client a step, with momentum;
-a round here samples several, whose products are combined by the run's ``aggregation``
-(the mean by default) for one plain SGD step, so that the round is one server step as
-every other row's.
+What differs from the paper, and why: the authors take one client a step, with momentum
+0.9; a round here samples several, whose clipped products are combined by the run's
+``aggregation`` (the mean by default) for one SGD step without momentum (no optimizer
+state to checkpoint), so that the round is one server step as every other row's.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
-from fedpers.settings import at_least, setting, step_size
+from fedpers.settings import at_least, finite, setting, step_size
 
 PREFIX = "pfedhn."
 EMBEDDINGS = PREFIX + "embeddings"
@@ -69,6 +71,14 @@ class PFedHNSettings:
     # Chosen on validation (docs/reproducing.md): FedRep's Table 1 setting, seeds 0-2:
     # 0.01 (the authors', with momentum 0.9) / 0.03 / 0.1 / 0.3 -> 29.62 / 44.38 / 54.14 /
     # 62.08 %; at 1 every run diverged (non-finite replies from round 4).
+    pfedhn_clip: float = setting(
+        50.0,
+        "pFedHN: each reply's product (the hypernetwork's and its embedding's gradient) is "
+        "scaled to at most this norm (the authors' clip_grad_norm_ 50)",
+    )
+    pfedhn_weight_decay: float = setting(
+        1.0e-3, "pFedHN: weight decay of the server's SGD step (the authors' 1e-3)"
+    )
     pfedhn_lr: float = setting(
         0.3, "pFedHN: the server's SGD step on the hypernetwork and embeddings (authors' 0.01)"
     )
@@ -78,6 +88,8 @@ class PFedHNSettings:
         at_least("pfedhn-hidden", self.pfedhn_hidden, 1)
         at_least("pfedhn-layers", self.pfedhn_layers, 0)
         step_size("pfedhn-lr", self.pfedhn_lr)
+        finite("pfedhn-clip", self.pfedhn_clip, 0.0, strict=True)
+        finite("pfedhn-weight-decay", self.pfedhn_weight_decay, 0.0)
 
     def embedding_size(self, clients: int) -> int:
         return self.pfedhn_embed_dim or 1 + clients // 4

@@ -3,7 +3,7 @@ a tiny problem through the in-process grid (the real ClientApp and the pFedHN se
 half the clients a round, against a hypernetwork written here in torch whose gradients
 come from autograd (``autograd.grad(theta_i, phi, grad_outputs=theta_i - theta~_i)``,
 as the authors compute them), the clients' gradient steps on their generated models,
-and the server's SGD step."""
+and the server's SGD step with the authors' clipping and weight decay."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from fedpers.settings import ConfigError
 from tests.clients.test_fedprox import _forward, _largest_gap, tiny_rounds, training_tensors
 
 LR = 0.05
+CLIP = 0.05  # binds for some replies of the tiny problem
+DECAY = 0.01
 ROUNDS = 3
 
 Params = dict[str, torch.Tensor]
@@ -38,6 +40,8 @@ def _oracle(
     *,
     lr: float = LR,
     sign: float = 1.0,
+    clip: float = CLIP,
+    decay: float = DECAY,
 ) -> dict[str, np.ndarray]:
     """Per round: theta_i = h(v_i) for each sampled i, ``epochs`` full-batch steps from
     it, then phi <- phi - lr mean_i grad_phi and v_i <- v_i - lr grad_v_i of
@@ -67,15 +71,18 @@ def _oracle(
                 w = {k: w[k] - config.lr * d for k, d in zip(w, grads, strict=True)}
             delta = sent - torch.cat([w[n].flatten() for n in names])
             grads = torch.autograd.grad(flat, list(leaves.values()), grad_outputs=sign * delta)
+            norm = torch.sqrt(sum((g**2).sum() for g in grads))  # clip_grad_norm_'s
+            grads = [g * min(1.0, clip / (float(norm) + 1e-6)) for g in grads]
             by_name = dict(zip(leaves, grads, strict=True))
             embedding_grads[i] = by_name.pop(EMBEDDINGS)[i]
             layer_grads.append(by_name)
         for k in layer_grads[0]:
-            phi[k] = phi[k] - lr * torch.stack([g[k] for g in layer_grads]).mean(0)
-        embeddings = phi[EMBEDDINGS].clone()
+            mean = torch.stack([g[k] for g in layer_grads]).mean(0)
+            phi[k] = phi[k] - lr * (mean + decay * phi[k])
+        step = torch.zeros_like(phi[EMBEDDINGS])
         for i, g in embedding_grads.items():
-            embeddings[i] = embeddings[i] - lr * g
-        phi[EMBEDDINGS] = embeddings
+            step[i] = g
+        phi[EMBEDDINGS] = phi[EMBEDDINGS] - lr * (step + decay * phi[EMBEDDINGS])
     return {k: v.numpy() for k, v in phi.items()}
 
 
@@ -87,19 +94,17 @@ def test_three_rounds_of_pfedhn_are_algorithm_1() -> None:
         pfedhn_lr=LR,
         pfedhn_hidden=16,
         pfedhn_layers=2,
+        pfedhn_clip=CLIP,
+        pfedhn_weight_decay=DECAY,
     )
     assert start[EMBEDDINGS].shape == (config.num_clients, 1 + config.num_clients // 4)
     oracle = _oracle(config, start, sampled)
     trained = {k: v for k, v in result.items() if k.startswith(PREFIX)}
     assert _largest_gap(trained, oracle) < 1e-6
     assert all(np.array_equal(result[k], start[k]) for k in start if k.startswith(MODEL))
-    # Only the sampled clients' embeddings moved.
-    moved = {
-        i
-        for i in range(config.num_clients)
-        if np.any(result[EMBEDDINGS][i] != start[EMBEDDINGS][i])
-    }
-    assert moved == {i for s in sampled for i in s}
+    # The test can fail: without the clip, or without the weight decay.
+    assert _largest_gap(trained, _oracle(config, start, sampled, clip=1e9)) > 1e-6
+    assert _largest_gap(trained, _oracle(config, start, sampled, decay=0.0)) > 1e-6
     # The test can fail: with the step the other way, or with lr off by a tenth.
     assert _largest_gap(trained, _oracle(config, start, sampled, sign=-1.0)) > 1e-4
     assert _largest_gap(trained, _oracle(config, start, sampled, lr=1.1 * LR)) > 1e-4
@@ -114,6 +119,8 @@ def test_pfedhn_keeps_nothing_on_devices_and_refuses_dp_and_bad_settings() -> No
         "pfedhn-hidden": (0, -1),
         "pfedhn-layers": (-1,),
         "pfedhn-embed-dim": (-2,),
+        "pfedhn-clip": (0.0, float("inf")),
+        "pfedhn-weight-decay": (-1e-3, float("nan")),
     }
     for key, values in bad.items():
         for value in values:
