@@ -33,9 +33,16 @@ class FedAMP(FedMTL):
         self.tasks = _tasks(arrays)
         sampled = self.sample(server_round)
         self.round_config(server_round, config)
+        everyone = sorted(self.tasks)
+        names = sorted(self.tasks[everyone[0]]) if everyone else []
+        # Every model held, flattened once a round (n x d, float64): each sampled client's
+        # attention weights are its distances to all of them.
+        flat = np.stack(
+            [np.concatenate([self.tasks[p][n].ravel() for n in names]) for p in everyone]
+        ).astype(np.float64)
         contents = {}
         for partition in sampled:
-            cloud = self.cloud_model(partition)
+            cloud = self.cloud_model(everyone.index(partition), everyone, flat)
             sent = ArrayRecord({k: Array(records.contiguous(v)) for k, v in cloud.items()})
             contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
         # Replies are screened against their client's own model (``sent_to``); the mean
@@ -46,19 +53,14 @@ class FedAMP(FedMTL):
         )
         return contents
 
-    def cloud_model(self, partition: int) -> Model:
+    def cloud_model(self, i: int, everyone: list[int], flat: np.ndarray) -> Model:
         """``u_i = xi_ii w_i + sum_{j != i} xi_ij w_j`` over every model held. The others'
         part is their ``xi``-weighted mean; under a robust ``aggregation`` it is that
         aggregation of them (the median and the trimmed mean ignore the weights: only
         the others' share, ``sum xi_ij``, is the attention's), and the weighted mean where
-        the trimmed mean would cut every one of them."""
-        everyone = sorted(self.tasks)
-        i = everyone.index(partition)
-        own = self.tasks[partition]
-        names = sorted(own)
-        flat = np.stack(
-            [np.concatenate([self.tasks[p][n].ravel() for n in names]) for p in everyone]
-        ).astype(np.float64)
+        the trimmed mean would cut every one of them. ``i`` is the client's row of
+        ``everyone`` (the partitions held, in order) and of ``flat`` (their models)."""
+        own = self.tasks[everyone[i]]
         xi = attention(flat, i, self.settings.fedamp_alpha, self.settings.fedamp_sigma)
         others = [j for j in range(len(everyone)) if j != i and xi[j] > 0]
         if not others:

@@ -152,6 +152,7 @@ def fit(cohort: Cohort) -> list[Reply]:
     received = local.received()
     model = local.model
     generators = local.generators("ala", local.round)
+    as_tensor = _tensors(local)
     starts: list[Arrays] = []
     for member, theta, data, generator in zip(
         local.members, received, local.data, generators, strict=True
@@ -162,7 +163,6 @@ def fit(cohort: Cohort) -> list[Reply]:
             continue
         own = update.kept(member, STATE_WEIGHTS)
         chosen = sample_slice(len(data.y_train), settings.fedala_sample, generator)
-        as_tensor = _tensors(local)
         initialized, weights, _ = ala(
             model,
             as_tensor(kept),

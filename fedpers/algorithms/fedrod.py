@@ -49,6 +49,8 @@ ABSENT_CLASS = -1.0e4  # log n_c of a class without a training sample
 def _two_heads() -> type:
     """The module a FedRoD cohort trains: body, generic head, personal head; its
     forward is the personal prediction ``h_G(f(x)) + h_P(f(x))``."""
+    import copy
+
     from torch import nn
 
     class TwoHeads(nn.Module):
@@ -56,19 +58,13 @@ def _two_heads() -> type:
             super().__init__()
             self.body: nn.Module = model.body
             self.head: nn.Module = model.head
-            self.phead: nn.Module = _copy(model.head)
+            self.phead: nn.Module = copy.deepcopy(model.head)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             z = self.body(x)
             return self.head(z) + self.phead(z)
 
     return TwoHeads
-
-
-def _copy(module: Any) -> Any:
-    import copy
-
-    return copy.deepcopy(module)
 
 
 def objective(model: View, batch: tuple[Any, ...], inputs: Any) -> torch.Tensor:
