@@ -1,9 +1,10 @@
-"""Robustness, through Flower: a fuzz sweep of malformed replies, and attacks against
-every aggregation.
+"""Robustness, through Flower: a fuzz sweep of malformed replies, attacks against
+every aggregation, and attacks over a whole run against the rows' own exchanges.
 
     python -m simulations.robustness --out DIR [--quick] [--scale S] [--parallel N]
                                      [--sweep-replies N] [--replies-per-round 4,10,40]
-                                     [--in-process] [--skip-fuzz | --skip-attacks]
+                                     [--exchange-rounds N] [--in-process]
+                                     [--skip-fuzz] [--skip-attacks] [--skip-exchanges]
 
 1. **Fuzz.** For each family (FedRep, FedAvg, FedGMM, Sheaf-FRL; without ``--quick``
    also the comparison rows with an exchange of their own: SCAFFOLD, Clustered FL,
@@ -33,11 +34,20 @@ every aggregation.
    SuperLink and Ray (``fedpers.simulations.inprocess``): the same numbers, each run in
    about 40% of the time (a 4-reply run: 34 s against 82 s).
 
+4. **Attacks over a run.** SCAFFOLD, Fed-MTL, FedProto, Clustered FL, pFedMe, L2GD and
+   FedGMM (the rows whose server carries state of their own from round to round), 10
+   clients each, client 0 sending its update sign-flipped x``--scale`` in every one of
+   50 rounds (``--exchange-rounds``; 2, SCAFFOLD only, with ``--quick``): a reply
+   inside every per-round bound. Clean (the mean) against attacked under each
+   aggregation the row accepts, the rounds completed, and whether the attack moved the
+   final state at all (``fedpers.simulations.exchange_attacks``).
+
 Writes DIR/summary.json ``{"fuzz": {"cases": N, "runs_crashed": n, "replies_rejected":
 n, "corrupt_states_adopted": n, ...}, "sweep": {"replies": N, "exceptions": n,
 "violations": {KIND: n}, "by_case": [...]}, "attack": {REPLIES: {ALGO: {"clean": acc,
-ATTACK: {AGGREGATION: acc}}}}}``, DIR/table.md, DIR/cases.json (every case) and the
-runs under DIR/runs/.
+ATTACK: {AGGREGATION: acc}}}}, "exchanges": {ROW: {"clean": acc, "sign-flip":
+{AGGREGATION: acc}, "rounds": {AGGREGATION: n}, "stopped": [...], ...}}}``,
+DIR/table.md, DIR/cases.json (every case) and the runs under DIR/runs/.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ import numpy as np
 from fedpers.aggregation import Aggregation
 from fedpers.reports import read_rounds, read_summary
 from fedpers.results import final_mean, write_json
+from fedpers.simulations import exchange_attacks
 from fedpers.simulations.flags import output_parser, parallelism, resources, seeds_of, settings
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 from fedpers.simulations.runs import prepare_output, run_in_process_pool, validate_runs
@@ -357,7 +368,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
     }
     attacks = _planned_attacks(args, runs_dir, seeds)
-    validate_runs([*fuzz.values(), *attacks])
+    exchanges, refused = (
+        ([], {})
+        if args.skip_exchanges
+        else exchange_attacks.plan(
+            quick=args.quick,
+            scale=args.scale,
+            runs_dir=runs_dir,
+            seeds=seeds,
+            values=settings(args, {}),
+            rounds=args.exchange_rounds,
+        )
+    )
+    validate_runs([*fuzz.values(), *attacks, *exchanges])
     sweep_replies = args.sweep_replies
     if sweep_replies is None:
         sweep_replies = QUICK_SWEEP_REPLIES if args.quick else SWEEP_REPLIES
@@ -371,10 +394,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.in_process:  # the fuzz cases through Flower, the attack table in process
         done = [
             *_run_all(args, list(fuzz.values())),
-            *run_in_process_pool(attacks, parallelism(args), keep_going=True),
+            *run_in_process_pool([*attacks, *exchanges], parallelism(args), keep_going=True),
         ]
     else:
-        done = _run_all(args, [*fuzz.values(), *attacks])
+        done = _run_all(args, [*fuzz.values(), *attacks, *exchanges])
     fuzz_dirs = dict(zip(fuzz, done[: len(fuzz)], strict=True))
     every = [case for name, run in cases.items() for case in run]
     for name, run in cases.items():
@@ -382,17 +405,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fuzz_summary = _fuzz_summary(every, fuzz_dirs) if cases else {}  # {}: --skip-fuzz
     if cases:
         write_json(out / "cases.json", {"cases": [asdict(c) for c in every]})
-    attack_summary = _attack_table(attacks, done[len(fuzz) :])
+    attack_summary = _attack_table(attacks, done[len(fuzz) : len(fuzz) + len(attacks)])
+    exchange_summary = exchange_attacks.summarize(
+        exchanges, done[len(fuzz) + len(attacks) :], refused
+    )
     result = {
         "fuzz": fuzz_summary,
         "sweep": sweep,
         "attack": attack_summary,
+        "exchanges": exchange_summary,
         "sign_flip_scale": args.scale,
         "seeds": seeds,
         "quick": args.quick,
     }
     write_json(out / "summary.json", result)
     table = _report(fuzz_summary, sweep, attack_summary, every)
+    if exchange_summary:
+        table += "\n" + "\n".join(exchange_attacks.section(exchange_summary, args.scale))
     (out / "table.md").write_text(table)
     print(f"\n{table}\nresults: {out}")
     return result
@@ -447,7 +476,22 @@ def _parser() -> argparse.ArgumentParser:
         help=f"sign-flip attack: the update sent as -scale times itself "
         f"(default {SIGN_FLIP_SCALE:g})",
     )
-    parser.add_argument("--skip-attacks", action="store_true", help="the fuzz sweep only")
+    parser.add_argument(
+        "--skip-attacks", action="store_true", help="no attack table (the other parts run)"
+    )
+    parser.add_argument(
+        "--skip-exchanges",
+        action="store_true",
+        help="no attacks over a run (one client of 10 attacking every round of each row "
+        "with its own exchange: fedpers.simulations.exchange_attacks)",
+    )
+    parser.add_argument(
+        "--exchange-rounds",
+        type=_count,
+        default=None,
+        help=f"rounds of each attack over a run (default {exchange_attacks.ROUNDS}, "
+        f"{exchange_attacks.QUICK_ROUNDS} with --quick)",
+    )
     parser.add_argument(
         "--skip-fuzz", action="store_true", help="no fuzz cases (the sweep and the attacks)"
     )

@@ -89,3 +89,41 @@ def test_in_process_attack_runs_match_a_run_in_this_process(tmp_path: Path) -> N
     table = (tmp_path / "pool" / "table.md").read_text()
     assert "# Fuzz sweep" not in table
     assert "# Attacks" in table
+
+
+def test_the_attacks_over_a_run_cover_every_row_with_its_own_exchange() -> None:
+    from fedpers.simulations import exchange_attacks
+
+    runs, refused = exchange_attacks.plan(
+        quick=False, scale=10.0, runs_dir=Path("/r"), seeds=(0, 1)
+    )
+    assert refused == {}
+    rows = {"scaffold", "fed-mtl", "fedproto", "clustered-fl", "pfedme", "l2gd", "fedgmm"}
+    assert {r["algorithm"] for r in runs} == rows
+    # clean under the mean, attacked under every aggregation, each seed: 50 rounds of 10
+    # clients that all train, client 0 attacking in every round
+    assert len(runs) == len(rows) * (1 + len(Aggregation)) * 2
+    assert len({r["run-name"] for r in runs}) == len(runs)
+    for run in runs:
+        assert (run["num-clients"], run["fraction-train"], run["num-rounds"]) == (10, 1.0, 50)
+        assert run["fault-injection"] in ("", "sign-flip=10:0")
+        assert (run["fault-injection"] == "") == ("-clean-" in run["run-name"])
+
+
+def test_an_aggregation_a_row_refuses_is_listed_with_its_reason_and_not_run() -> None:
+    from fedpers.simulations import exchange_attacks
+
+    # a trim of 0.45 cuts 5 of the 10 replies at each end: the trimmed mean keeps none
+    runs, refused = exchange_attacks.plan(
+        quick=False,
+        scale=10.0,
+        runs_dir=Path("/r"),
+        seeds=(0,),
+        values={"aggregation-trim": 0.45},
+    )
+    assert set(refused) == set(exchange_attacks.ROWS)
+    for reasons in refused.values():
+        assert list(reasons) == ["trimmed-mean"]
+        assert "leaving none" in reasons["trimmed-mean"]
+    assert "trimmed-mean" not in {r["aggregation"] for r in runs}
+    assert len(runs) == len(exchange_attacks.ROWS) * len(Aggregation)

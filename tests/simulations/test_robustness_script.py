@@ -62,7 +62,16 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     # The size cap: honest updates with inflated sizes weigh what they hold, so the
     # plain mean is the clean run's, to the bit.
     assert attack["fedrep"]["inflate-examples"] == {"mean": attack["fedrep"]["clean"]}
+    # The attack over a run, quick form: SCAFFOLD, client 0 of 10 flipping every round
+    scaffold = summary["exchanges"]["scaffold"]
+    assert set(summary["exchanges"]) == {"scaffold"}
+    assert (scaffold["num_rounds"], scaffold["stopped"]) == (2, [])
+    assert scaffold["rounds"] == {"mean": 2, "median": 2}
+    assert 0 < scaffold["clean"] <= 1
+    assert all(0 <= v <= 1 for v in scaffold["sign-flip"].values())
+    assert scaffold["state_changed"] is True  # the flip reached the server's state
     table = (tmp_path / "table.md").read_text()
+    assert "# Attacks over a run" in table
     assert table.startswith("# Fuzz sweep")
     assert "# Reply sweep (generated replies)" in table
     assert "| 4 | fedrep | sign-flip |" in table
