@@ -10,8 +10,9 @@ components and learners) is what a patient attacker aims at. Here client 0 of
 ``-scale (w - w_t)`` (``fault-injection = "sign-flip=S:0"``), in every round: a reply
 inside the update cap (``update-cap`` times the round's median update norm, 100 by
 default, against a scale of 10), so that no per-round check refuses it. Each row runs
-clean (the mean) and attacked under each aggregation it accepts; an aggregation a row
-refuses before start is listed with the reason, not run.
+clean and attacked under each aggregation it accepts (what the aggregation costs
+without an attacker, and what it saves with one); an aggregation a row refuses before
+start is listed with the reason, not run.
 
 ``simulations.robustness`` runs these with its other runs (``--skip-exchanges`` leaves
 them out) and writes them under ``exchanges`` in its summary and table.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +82,7 @@ def plan(
             "results-dir": str(runs_dir),
             **(values or {}),
         }
-        cases = [("clean", Aggregation.MEAN)] + [("sign-flip", a) for a in aggregations]
-        for attack, aggregation in cases:
+        for attack, aggregation in product(("clean", "sign-flip"), aggregations):
             fault = f"sign-flip={scale:g}:{ATTACKER}" if attack == "sign-flip" else ""
             run = {**base, "aggregation": aggregation.value, "fault-injection": fault}
             try:
@@ -100,14 +101,14 @@ def summarize(
     directories: Sequence[Path | None],
     refused: Mapping[str, Mapping[str, str]],
 ) -> dict[str, dict[str, Any]]:
-    """By row: the clean run's final accuracy (``clean``), the attacked runs' by
-    aggregation (``sign-flip``), each the mean over seeds; the rounds each attacked run
-    completed (``rounds``, the fewest over seeds) against those asked (``num_rounds``);
-    ``stopped``, the runs that did not finish; ``state_changed``, whether the attack
-    moved the attacked mean run's final arrays off the clean run's (an attack that
-    reached nothing would leave them equal); and ``refused``."""
+    """By row and attack (``clean``, ``sign-flip``): the final accuracy by aggregation,
+    the mean over seeds (``accuracy``), and the rounds each run completed (``rounds``,
+    the fewest over seeds) against those asked (``num_rounds``); ``stopped``, the runs
+    that did not finish; ``state_changed``, by aggregation, whether the attack moved the
+    final arrays off the clean run's (an attack that reached nothing would leave them
+    equal; a run it stopped counts as moved); and ``refused``."""
     table: dict[str, dict[str, Any]] = {}
-    finals: dict[tuple[str, str, int], Path | None] = {}
+    folders: dict[tuple[str, str, str, int], Path | None] = {}
     for run, directory in zip(runs, directories, strict=True):
         row, aggregation, seed = run["algorithm"], run["aggregation"], int(run["seed"])
         attack = "sign-flip" if run["fault-injection"] else "clean"
@@ -115,31 +116,28 @@ def summarize(
         folder = Path(run["results-dir"]) / run["run-name"]
         records = read_rounds(folder) if (folder / "rounds.jsonl").exists() else []
         if directory is not None:
-            accuracy = float(read_summary(directory)["final_accuracy"])
+            accuracy = _final_accuracy(read_summary(directory))
         else:
             accuracy = final_mean(records, "evaluate.accuracy", 10)
             entry["stopped"].append(run["run-name"])
         completed = records[-1].round if records else 0
-        if attack == "clean":
-            entry.setdefault("clean_per_seed", []).append(accuracy)
-        else:
-            entry.setdefault("per_seed", {}).setdefault(aggregation, []).append(accuracy)
-            rounds = entry.setdefault("rounds", {})
-            rounds[aggregation] = min(rounds.get(aggregation, completed), completed)
-        if aggregation == Aggregation.MEAN.value:
-            finals[(row, attack, seed)] = directory
+        part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}})
+        part["per_seed"].setdefault(aggregation, []).append(accuracy)
+        rounds = part["rounds"]
+        rounds[aggregation] = min(rounds.get(aggregation, completed), completed)
+        folders[(row, attack, aggregation, seed)] = directory
     for row, entry in table.items():
-        entry["clean"] = _mean(entry.get("clean_per_seed", []))
-        entry["sign-flip"] = {a: _mean(v) for a, v in entry.get("per_seed", {}).items()}
-        pairs = [
-            (finals.get((row, "clean", s)), finals.get((row, "sign-flip", s)))
-            for (r, attack, s) in finals
-            if r == row and attack == "clean"
-        ]
-        entry["state_changed"] = any(
-            clean is not None and flipped is not None and _arrays_differ(clean, flipped)
-            for clean, flipped in pairs
-        )
+        for attack in ("clean", "sign-flip"):
+            part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}})
+            part["accuracy"] = {a: _mean(v) for a, v in part["per_seed"].items()}
+        entry["state_changed"] = {
+            aggregation: any(
+                _moved(clean, folders.get((r, "sign-flip", a, s)))
+                for (r, attack, a, s), clean in folders.items()
+                if (r, attack, a) == (row, "clean", aggregation)
+            )
+            for aggregation in entry["sign-flip"]["accuracy"]
+        }
         entry["refused"] = dict(refused.get(row, {}))
     return table
 
@@ -151,21 +149,39 @@ def section(table: Mapping[str, Mapping[str, Any]], scale: float) -> list[str]:
     aggregations = [a.value for a in Aggregation]
     rows = []
     for row, entry in table.items():
-        flipped = entry["sign-flip"]
-        cells = []
-        for aggregation in aggregations:
-            if aggregation in flipped:
-                done = entry["rounds"][aggregation]
-                cells.append(f"{100 * flipped[aggregation]:.2f} ({done}/{entry['num_rounds']})")
-            else:
-                cells.append("refused" if aggregation in entry["refused"] else "not run")
-        rows.append((row, f"{100 * entry['clean']:.2f}", *cells, entry["state_changed"]))
+        for attack in ("clean", "sign-flip"):
+            part, cells = entry[attack], []
+            for aggregation in aggregations:
+                if aggregation in part["accuracy"]:
+                    accuracy = 100 * part["accuracy"][aggregation]
+                    done = part["rounds"][aggregation]
+                    stop = "" if done == entry["num_rounds"] else f" (stopped at {done})"
+                    moved = attack == "clean" or entry["state_changed"].get(aggregation)
+                    cells.append(f"{accuracy:.2f}{stop}{'' if moved else ' (state as clean)'}")
+                else:
+                    cells.append("refused" if aggregation in entry["refused"] else "")
+            name = "none" if attack == "clean" else f"sign-flip x{scale:g}"
+            rows.append((row, name, *cells))
     return [
-        f"# Attacks over a run (client {ATTACKER} of {CLIENTS} sends sign-flip x{scale:g} "
-        "every round; final accuracy %, rounds completed)",
+        f"# Attacks over a run (client {ATTACKER} of {CLIENTS}, every round; final accuracy, %)",
         "",
-        markdown_table(["row", "clean (mean)", *aggregations, "attack moved the state"], rows),
+        markdown_table(["row", "attack", *aggregations], rows),
     ]
+
+
+def _moved(clean: Path | None, attacked: Path | None) -> bool:
+    """Whether an attacked run ended elsewhere than its clean twin: it stopped, or its
+    final arrays differ (False where the clean run itself did not finish)."""
+    if clean is None:
+        return False
+    return attacked is None or _arrays_differ(clean, attacked)
+
+
+def _final_accuracy(summary: Mapping[str, Any]) -> float:
+    """A finished run's final accuracy: the sheaf family's is its agents' accuracy on
+    their own test data (``private_accuracy``)."""
+    key = "final_accuracy" if "final_accuracy" in summary else "private_accuracy"
+    return float(summary[key])
 
 
 def _mean(values: Sequence[float]) -> float:

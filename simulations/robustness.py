@@ -37,16 +37,16 @@ every aggregation, and attacks over a whole run against the rows' own exchanges.
 4. **Attacks over a run.** SCAFFOLD, Fed-MTL, FedProto, Clustered FL, pFedMe, L2GD and
    FedGMM (the rows whose server carries state of their own from round to round), 10
    clients each, client 0 sending its update sign-flipped x``--scale`` in every one of
-   50 rounds (``--exchange-rounds``; 2, SCAFFOLD only, with ``--quick``): a reply
-   inside every per-round bound. Clean (the mean) against attacked under each
+   50 rounds (``--exchange-rounds``; with ``--quick`` 2, SCAFFOLD under the mean and
+   the median): a reply inside every per-round bound. Clean and attacked under each
    aggregation the row accepts, the rounds completed, and whether the attack moved the
    final state at all (``fedpers.simulations.exchange_attacks``).
 
 Writes DIR/summary.json ``{"fuzz": {"cases": N, "runs_crashed": n, "replies_rejected":
 n, "corrupt_states_adopted": n, ...}, "sweep": {"replies": N, "exceptions": n,
 "violations": {KIND: n}, "by_case": [...]}, "attack": {REPLIES: {ALGO: {"clean": acc,
-ATTACK: {AGGREGATION: acc}}}}, "exchanges": {ROW: {"clean": acc, "sign-flip":
-{AGGREGATION: acc}, "rounds": {AGGREGATION: n}, "stopped": [...], ...}}}``,
+ATTACK: {AGGREGATION: acc}}}}, "exchanges": {ROW: {"clean" | "sign-flip": {"accuracy":
+{AGGREGATION: acc}, "rounds": {AGGREGATION: n}}, "stopped": [...], ...}}}``,
 DIR/table.md, DIR/cases.json (every case) and the runs under DIR/runs/.
 """
 
