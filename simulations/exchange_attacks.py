@@ -61,12 +61,19 @@ def plan(
     values: Mapping[str, Any] | None = None,
     rounds: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
-    """The runs (run-config overrides) and, by row and aggregation, the refusals: an
-    aggregation that the row's configuration check refuses is not run."""
+    """The runs (run-config overrides) and, by row and aggregation, the refusals: a
+    robust aggregation that the row's configuration check refuses is not run.
+
+    Raises
+    ------
+    SystemExit
+        If a row's run under the mean is refused (``values`` or ``rounds`` at fault):
+        every run of it would be.
+    """
     from fedpers.config import ConfigError
     from fedpers.simulations.launch import resolved_config
 
-    rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    rounds = rounds if rounds is not None else (QUICK_ROUNDS if quick else ROUNDS)
     rows = QUICK_ROWS if quick else tuple(ROWS)
     aggregations = QUICK_AGGREGATIONS if quick else tuple(Aggregation)
     runs: list[dict[str, Any]] = []
@@ -88,6 +95,8 @@ def plan(
             try:
                 resolved_config({**run, "run-name": "check"})
             except ConfigError as error:
+                if aggregation == Aggregation.MEAN:
+                    raise SystemExit(f"error: the attack over a run of {row}: {error}") from None
                 refused.setdefault(row, {})[aggregation.value] = str(error)
                 continue
             for seed in seeds:

@@ -127,3 +127,10 @@ def test_an_aggregation_a_row_refuses_is_listed_with_its_reason_and_not_run() ->
         assert "leaving none" in reasons["trimmed-mean"]
     assert "trimmed-mean" not in {r["aggregation"] for r in runs}
     assert len(runs) == len(exchange_attacks.ROWS) * 2 * (len(Aggregation) - 1)
+
+
+def test_a_setting_that_every_run_of_a_row_refuses_stops_before_anything_runs() -> None:
+    from fedpers.simulations import exchange_attacks
+
+    with pytest.raises(SystemExit, match=r"the attack over a run of scaffold: .*num-rounds"):
+        exchange_attacks.plan(quick=True, scale=10.0, runs_dir=Path("/r"), seeds=(0,), rounds=0)
