@@ -152,8 +152,11 @@ def summarize(
 
 
 def section(table: Mapping[str, Mapping[str, Any]], scale: float) -> list[str]:
-    """table.md's lines for the attack over a run (accuracy in %)."""
+    """table.md's lines for the attack over a run (accuracy in %); none for no runs."""
     from fedpers.simulations.tables import markdown_table
+
+    if not table:
+        return []
 
     aggregations = [a.value for a in Aggregation]
     rows = []

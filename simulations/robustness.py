@@ -368,18 +368,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name: {**fuzz_overrides(name, c, runs_dir), "seed": seeds[0]} for name, c in cases.items()
     }
     attacks = _planned_attacks(args, runs_dir, seeds)
-    exchanges, refused = (
-        ([], {})
-        if args.skip_exchanges
-        else exchange_attacks.plan(
-            quick=args.quick,
-            scale=args.scale,
-            runs_dir=runs_dir,
-            seeds=seeds,
-            values=settings(args, {}),
-            rounds=args.exchange_rounds,
-        )
-    )
+    exchanges, refused = _planned_exchanges(args, runs_dir, seeds)
     validate_runs([*fuzz.values(), *attacks, *exchanges])
     sweep_replies = args.sweep_replies
     if sweep_replies is None:
@@ -420,8 +409,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_json(out / "summary.json", result)
     table = _report(fuzz_summary, sweep, attack_summary, every)
-    if exchange_summary:
-        table += "\n" + "\n".join(exchange_attacks.section(exchange_summary, args.scale))
+    table += "\n".join(["", *exchange_attacks.section(exchange_summary, args.scale)])
     (out / "table.md").write_text(table)
     print(f"\n{table}\nresults: {out}")
     return result
@@ -444,6 +432,23 @@ def _planned_attacks(
         settings(args, {}),
         replies,
         Selection(args.algorithms, args.aggregations, args.attacks),
+    )
+
+
+def _planned_exchanges(
+    args: argparse.Namespace, runs_dir: Path, seeds: list[int]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """The attacks over a run as the flags ask (none with --skip-exchanges), and the
+    aggregations each row refuses."""
+    if args.skip_exchanges:
+        return [], {}
+    return exchange_attacks.plan(
+        quick=args.quick,
+        scale=args.scale,
+        runs_dir=runs_dir,
+        seeds=seeds,
+        values=settings(args, {}),
+        rounds=args.exchange_rounds,
     )
 
 
@@ -476,25 +481,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"sign-flip attack: the update sent as -scale times itself "
         f"(default {SIGN_FLIP_SCALE:g})",
     )
-    parser.add_argument(
-        "--skip-attacks", action="store_true", help="no attack table (the other parts run)"
-    )
-    parser.add_argument(
-        "--skip-exchanges",
-        action="store_true",
-        help="no attacks over a run (one client of 10 attacking every round of each row "
-        "with its own exchange: fedpers.simulations.exchange_attacks)",
-    )
-    parser.add_argument(
-        "--exchange-rounds",
-        type=_count,
-        default=None,
-        help=f"rounds of each attack over a run (default {exchange_attacks.ROUNDS}, "
-        f"{exchange_attacks.QUICK_ROUNDS} with --quick)",
-    )
-    parser.add_argument(
-        "--skip-fuzz", action="store_true", help="no fuzz cases (the sweep and the attacks)"
-    )
+    _add_part_flags(parser)
     parser.add_argument(
         "--in-process",
         action="store_true",
@@ -532,6 +519,29 @@ def _parser() -> argparse.ArgumentParser:
             f"{','.join(known)})",
         )
     return parser
+
+
+def _add_part_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that leave a part out, and the attacks over a run's length."""
+    parser.add_argument(
+        "--skip-attacks", action="store_true", help="no attack table (the other parts run)"
+    )
+    parser.add_argument(
+        "--skip-exchanges",
+        action="store_true",
+        help="no attacks over a run (one client of 10 attacking every round of each row "
+        "with its own exchange: fedpers.simulations.exchange_attacks)",
+    )
+    parser.add_argument(
+        "--exchange-rounds",
+        type=_count,
+        default=None,
+        help=f"rounds of each attack over a run (default {exchange_attacks.ROUNDS}, "
+        f"{exchange_attacks.QUICK_ROUNDS} with --quick)",
+    )
+    parser.add_argument(
+        "--skip-fuzz", action="store_true", help="no fuzz cases (the sweep and the attacks)"
+    )
 
 
 def _names(flag: str, known: Sequence[str]) -> Callable[[str], frozenset[str]]:
