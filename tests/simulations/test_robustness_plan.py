@@ -69,10 +69,12 @@ def test_in_process_attack_runs_match_a_run_in_this_process(tmp_path: Path) -> N
     """--in-process hands each attack run to a fresh process (spawned, one run each) and
     puts its result in the table: the same final accuracy, to the bit, as the same run
     in this process (which the scripts' tests check against flwr run)."""
-    flags = ["--quick", "--skip-fuzz", "--sweep-replies", "0", "--in-process"]
-    flags += ["--replies-per-round", "10", "--algorithms", "fedavg", "--attacks", "clean"]
+    flags = ["--quick", "--skip-fuzz", "--skip-exchanges", "--sweep-replies", "0"]
+    flags += ["--in-process", "--replies-per-round", "10", "--algorithms", "fedavg"]
+    flags += ["--attacks", "clean"]
     summary = robustness.main(["--out", str(tmp_path / "pool"), *flags, "--parallel", "2"])
     assert summary["fuzz"] == {}  # skipped: nothing, not a clean sweep of zero cases
+    assert summary["exchanges"] == {}
     assert not (tmp_path / "pool" / "cases.json").exists()
     [run] = robustness.attack_runs(
         True,
@@ -89,6 +91,7 @@ def test_in_process_attack_runs_match_a_run_in_this_process(tmp_path: Path) -> N
     table = (tmp_path / "pool" / "table.md").read_text()
     assert "# Fuzz sweep" not in table
     assert "# Attacks" in table
+    assert "# Attacks over a run" not in table
 
 
 def test_the_attacks_over_a_run_cover_every_row_with_its_own_exchange() -> None:

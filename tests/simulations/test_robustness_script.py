@@ -66,9 +66,9 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     scaffold = summary["exchanges"]["scaffold"]
     assert set(summary["exchanges"]) == {"scaffold"}
     assert (scaffold["num_rounds"], scaffold["stopped"]) == (2, [])
-    for attack in ("clean", "sign-flip"):
-        assert scaffold[attack]["rounds"] == {"mean": 2, "median": 2}
-        assert all(0 < v <= 1 for v in scaffold[attack]["accuracy"].values())
+    for part in ("clean", "sign-flip"):
+        assert scaffold[part]["rounds"] == {"mean": 2, "median": 2}
+        assert all(0 < v <= 1 for v in scaffold[part]["accuracy"].values())
     # the flip reached the server's state under both
     assert scaffold["state_changed"] == {"mean": True, "median": True}
     table = (tmp_path / "table.md").read_text()
