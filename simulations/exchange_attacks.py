@@ -139,13 +139,14 @@ def summarize(
         for attack in ("clean", "sign-flip"):
             part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}})
             part["accuracy"] = {a: _mean(v) for a, v in part["per_seed"].items()}
+        seeds = {s for (r, _, _, s) in folders if r == row}
         entry["state_changed"] = {
-            aggregation: any(
-                _moved(clean, folders.get((r, "sign-flip", a, s)))
-                for (r, attack, a, s), clean in folders.items()
-                if (r, attack, a) == (row, "clean", aggregation)
+            a: any(
+                _moved(folders[(row, "clean", a, s)], folders.get((row, "sign-flip", a, s)))
+                for s in seeds
+                if (row, "clean", a, s) in folders
             )
-            for aggregation in entry["sign-flip"]["accuracy"]
+            for a in entry["sign-flip"]["accuracy"]
         }
         entry["refused"] = dict(refused.get(row, {}))
     return table
