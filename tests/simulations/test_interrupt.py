@@ -58,10 +58,17 @@ def _digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def _interrupt(command: list[str], watched: Path, rounds: int, signum: int) -> tuple[int, str]:
-    """Run ``command`` (from the checkout), send ``signum`` once ``watched`` (a
-    rounds.jsonl) holds ``rounds`` lines; its exit status and output."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def _interrupt(
+    command: list[str],
+    watched: Path,
+    rounds: int,
+    signum: int,
+    environment: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``command`` (from the checkout, with ``environment`` added), send ``signum``
+    once ``watched`` (a rounds.jsonl) holds ``rounds`` lines; its exit status and
+    output."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (environment or {})
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -151,21 +158,30 @@ def test_a_script_and_fedpers_run_resume_to_the_uninterrupted_result(tmp_path: P
 
 @pytest.mark.flower
 def test_a_script_through_flower_is_interrupted_and_resumed(tmp_path: Path) -> None:
-    from fedpers.simulations import equality
+    from fedpers.simulations import equality, launch
     from fedpers.simulations.inprocess import InProcessSimulation
-    from fedpers.simulations.launch import processes_with_home
 
     script = [str(PYTHON), "-m", "simulations.fedrep_images", "--quick", "--num-rounds", "12"]
     script += ["--methods", "fedrep", "--parallel", "1"]
     out = tmp_path / "flower"
     run = out / "runs/fedrep-seed0"
-    homes = set((ROOT / ".flwr").glob("sim-*"))
-    code, output = _interrupt([*script, "--out", str(out)], run / "rounds.jsonl", 2, signal.SIGINT)
+    # Its Flower and Ray state in a folder of its own: the other worker's simulations
+    # keep theirs in the checkout's .flwr, alive while this one is checked.
+    work = tmp_path / "work"
+    code, output = _interrupt(
+        [*script, "--out", str(out)],
+        run / "rounds.jsonl",
+        2,
+        signal.SIGINT,
+        {launch.WORK_ENV: str(work)},
+    )
     _check_interrupted(code, output, signal.SIGINT, [run])
     assert "fedrep-seed0 | start-up | " in output
     assert (run / "flower.log").stat().st_size > 0  # Flower's log, kept for the stopped run
-    for home in set((ROOT / ".flwr").glob("sim-*")) - homes:
-        assert processes_with_home(home) == []
+    # every process it started inherited its FEDPERS_WORK_DIR; none is left, nor its
+    # private FLWR_HOME
+    assert launch.processes_with_env(launch.WORK_ENV, str(work)) == []
+    assert list((work / ".flwr").glob("sim-*")) == []
     resumed = subprocess.run(_resume(output), cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert len((run / "rounds.jsonl").read_text().splitlines()) == 12
