@@ -43,6 +43,9 @@ class InProcessSimulation:
     """
 
     one_at_a_time = threading.Lock()
+    # Each message and reply of a per-client run through Flower's encoding
+    # (``InProcessGrid``'s ``wire``): the scripts' tests set it (tests/simulations).
+    wire = False
 
     def __init__(
         self,
@@ -94,7 +97,7 @@ class InProcessSimulation:
             }
             grid: InProcessGrid = BatchedGrid(values, nodes, **options)
         else:
-            grid = InProcessGrid(client_app, values, nodes, keep_sent=False)
+            grid = InProcessGrid(client_app, values, nodes, keep_sent=False, wire=self.wire)
         self.grid = grid
         context = Context(
             run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=values

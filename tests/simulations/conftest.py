@@ -2,16 +2,21 @@
 double, which runs a script's experiments without Flower's processes or Ray.
 
 The double runs the same ServerApp ``main`` and the same ClientApp on the same run
-config as ``flwr run``; a run writes what the real run writes: the same rounds, byte
-counts and rejections, every float to 1e-9 (the replies are summed in another order),
-a client error's text aside. Every script's test checks it on the configuration of the
-script's first run, cut to ``FLOWER_ROUNDS`` rounds, which goes through a real ``flwr
-run`` and again in process (``through_flower``); the script's own runs all run in
-process. A real run costs about 25 s before its first round (the CLI, the simulation
-process, Ray and its actors' imports) and 0.3-0.7 s a round on top of the work; the
-cut keeps everything a run does once (start-up, the partition query, the initial vote,
-a round that follows another, the last round's final tests, the summary) at a tenth of
-the rounds of the longest quick forms.
+config as ``flwr run``, each message and reply through Flower's own encoding
+(``OnTheWire``: protobuf bytes and back, as between SuperLink and SuperNode); a run
+writes what the real run writes: the same rounds, byte counts and rejections, every
+float to 1e-9 (the replies are summed in another order), a client error's text aside.
+The tests check that on the configuration of a script's first run, cut to
+``FLOWER_ROUNDS`` rounds, which goes through a real ``flwr run`` and again in process
+(``through_flower``), for one script of each path through Flower: the linear family
+(no torch), FedRep's image table (``test_interrupt``, interrupted and resumed), FedGMM
+with unseen clients, Sheaf-FRL's relayed pilots, client-side privacy. The other
+scripts' tests run all their runs in process on the wire (``on_the_wire``): a real run
+costs about 25 s of processor time before its first round (the CLI, the simulation
+process, Ray and its actors' imports) and 0.3-0.7 s a round on top of the work, and
+``make test`` has 12 minutes on 2 cores. The cut keeps everything a run does once
+(start-up, the partition query, the initial vote, a round that follows another, the last
+round's final tests, the summary) at a tenth of the rounds of the longest quick forms.
 """
 
 from __future__ import annotations
@@ -56,7 +61,14 @@ def simulation(ray_head: RayHead) -> Iterator[LocalSimulation]:
 FLOWER_ROUNDS = 2  # rounds of the first run's configuration that go through Flower
 
 
-class FirstRunThroughFlower(InProcessSimulation):
+class OnTheWire(InProcessSimulation):
+    """``InProcessSimulation`` whose per-client runs send every message and reply
+    through Flower's encoding (``InProcessGrid``'s ``wire``)."""
+
+    wire = True
+
+
+class FirstRunThroughFlower(OnTheWire):
     """Every run in process; the first one's configuration, cut to ``FLOWER_ROUNDS``
     rounds, also through ``real`` (``flwr run`` on Ray) into
     ``<results-dir>/through-flower/`` and again in process into
@@ -115,6 +127,23 @@ def through_flower(simulation: LocalSimulation) -> Iterator[list[tuple[Path, Pat
 
 
 @pytest.fixture
+def on_the_wire() -> Iterator[list[InProcessSimulation]]:
+    """For one test, a script's runs all run in process, on the wire (``OnTheWire``); no
+    SuperLink starts. Yields the simulations made, for ``assert_on_the_wire``."""
+    with simulations_in_process(OnTheWire) as made:
+        yield made
+
+
+def assert_on_the_wire(made: list[InProcessSimulation], out: Path) -> None:
+    """The script made its simulations through the double, ran at least one run, each
+    on the wire, and wrote under ``out``."""
+    assert made
+    assert all(isinstance(m, OnTheWire) for m in made)
+    assert sum(len(m.runs) for m in made) >= 1
+    assert any(out.rglob("summary.json"))
+
+
+@pytest.fixture
 def no_superlink(monkeypatch: pytest.MonkeyPatch) -> None:
     """A script's ``--in-process`` runs must start no local simulation SuperLink: any
     attempt fails the test."""
@@ -141,7 +170,7 @@ def assert_through_flower(twins: list[tuple[Path, Path]], out: Path) -> None:
 
 @contextlib.contextmanager
 def simulations_in_process(
-    kind: Callable[..., InProcessSimulation] = InProcessSimulation,
+    kind: Callable[..., InProcessSimulation] = OnTheWire,
 ) -> Iterator[list[InProcessSimulation]]:
     """While open, every ``LocalSimulation`` that a script makes is what ``kind`` makes
     (with the same arguments); yields the simulations made, in order. (The ServerApp

@@ -1,7 +1,7 @@
-"""FedGMM's reproduction scripts in --quick form, against the issue's bounds. Each
-script's first run goes through a real `flwr run` and again in process, and both must
-write the same results; its other runs run in process (``through_flower``,
-tests/simulations/conftest.py)."""
+"""FedGMM's reproduction scripts in --quick form, against the issue's bounds. Their runs run
+in process, each message through Flower's encoding (``on_the_wire``); the unseen-clients
+script's first run also goes through a real `flwr run` and again in process, and both must
+write the same results (``through_flower``, tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from fedpers.simulations import fedgmm_ood, fedgmm_synthetic, fedgmm_unseen
-from tests.simulations.conftest import assert_through_flower
+from tests.simulations.conftest import (
+    InProcessSimulation,
+    assert_on_the_wire,
+    assert_through_flower,
+)
 
-pytestmark = pytest.mark.flower
 
-
-def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
+@pytest.mark.script
+def test_synthetic_table(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -> None:
     summary = fedgmm_synthetic.main(["--out", str(tmp_path), "--quick"])
     final = summary["final_accuracy"]
     baselines = ("fedavg", "fedprox", "fedavg-plus", "clustered-fl", "pfedme-fedem", "pfedme")
@@ -31,10 +34,11 @@ def test_synthetic_table(tmp_path: Path, through_flower: list[tuple[Path, Path]]
     assert abs(final["fedprox"] - final["fedavg"]) <= 0.05
     assert final["fedavg-plus"] >= final["fedavg"] + 0.01
     assert (tmp_path / "table.md").read_text().count("| fed") == 5
-    assert_through_flower(through_flower, tmp_path)
+    assert_on_the_wire(on_the_wire, tmp_path)
 
 
-def test_ood_detection(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
+@pytest.mark.script
+def test_ood_detection(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -> None:
     summary = fedgmm_ood.main(["--out", str(tmp_path), "--quick"])
     auroc = summary["auroc"]
     for transform in ("rot90", "invert"):
@@ -55,9 +59,10 @@ def test_ood_detection(tmp_path: Path, through_flower: list[tuple[Path, Path]]) 
             assert 0.3 <= auroc[transform][baseline] <= 1
             assert auroc[transform]["fedgmm"] > auroc[transform][baseline]
     assert (tmp_path / "scores.png").stat().st_size > 1000
-    assert_through_flower(through_flower, tmp_path)
+    assert_on_the_wire(on_the_wire, tmp_path)
 
 
+@pytest.mark.flower
 def test_unseen_clients(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_unseen.main(["--out", str(tmp_path), "--quick"])
     seen, unseen = summary["seen_accuracy"], summary["unseen_accuracy"]

@@ -1,8 +1,9 @@
 """The reproduction scripts in their --quick form: what they write, against the bounds the
-issue states (loosened only where the quick form trains less). Each script's first run
-goes through a real `flwr run` and again in process, and both must write the same
-results; its other runs run in process (``through_flower``,
-tests/simulations/conftest.py)."""
+issue states (loosened only where the quick form trains less). Their runs run in process,
+each message through Flower's encoding (``on_the_wire``); the linear script's first run
+also goes through a real `flwr run` and again in process, and both must write the same
+results (``through_flower``, tests/simulations/conftest.py); the image table's through
+Flower is tests/simulations/test_interrupt.py's, interrupted and resumed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ from fedpers.data.registry import DATASETS, FASHION_MNIST_SYSTEM_DIR
 from fedpers.reports import read_clients, read_rounds, read_summary
 from fedpers.simulations import fedrep_images, fedrep_linear
 from fedpers.simulations.launch import LocalSimulation
-from tests.simulations.conftest import assert_through_flower, first_run_through_flower
+from tests.simulations.conftest import (
+    InProcessSimulation,
+    assert_on_the_wire,
+    assert_through_flower,
+    first_run_through_flower,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +95,8 @@ def test_new_clients_need_few_samples_with_the_fedrep_representation(
         assert 30 * mse["fedrep"][m_new] <= mse["fedsgd"][m_new]
 
 
-@pytest.mark.flower
-def test_image_table_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
+@pytest.mark.script
+def test_image_table_quick(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -> None:
     out = tmp_path / "images"
     # Four of the table's rows, two seeds (the other rows run in process against the
     # real ClientApp in tests/strategies/test_faults.py and tests/clients).
@@ -138,7 +144,7 @@ def test_image_table_quick(tmp_path: Path, through_flower: list[tuple[Path, Path
     assert "95% interval" in table
     for plot in ("accuracy.png", "clients.png"):
         assert (out / plot).stat().st_size > 1000
-    assert_through_flower(through_flower, out)
+    assert_on_the_wire(on_the_wire, out)
 
 
 @pytest.mark.script

@@ -1,7 +1,6 @@
 """simulations.robustness in --quick form: the fuzz sweep's verdicts and the attack table's
-shape, read from what the script wrote. Each script's first run goes through a real
-`flwr run` and again in process, and both must write the same results; its other runs
-run in process (``through_flower``, tests/simulations/conftest.py)."""
+shape, read from what the script wrote. Its runs run in process, each message through
+Flower's encoding (``on_the_wire``, tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from fedpers.simulations import robustness
-from tests.simulations.conftest import assert_through_flower
+from tests.simulations.conftest import InProcessSimulation, assert_on_the_wire
 
-pytestmark = pytest.mark.flower
+pytestmark = pytest.mark.script
 
 
-def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
+def test_robustness_quick(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -> None:
     summary = robustness.main(["--out", str(tmp_path), "--quick", "--parallel", "3"])
     fuzz = summary["fuzz"]
     cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
@@ -76,4 +75,4 @@ def test_robustness_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     assert table.startswith("# Fuzz sweep")
     assert "# Reply sweep (generated replies)" in table
     assert "| 4 | fedrep | sign-flip |" in table
-    assert_through_flower(through_flower, tmp_path)
+    assert_on_the_wire(on_the_wire, tmp_path)

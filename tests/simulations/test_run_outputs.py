@@ -4,8 +4,9 @@ every client, the summary, the configuration, the plot and the final arrays.
 In process (``InProcessSimulation``: the ServerApp's main on a grid of real ClientApps,
 which writes what `flwr run` writes, to 1e-9; tests/simulations/conftest.py). It was a
 real `flwr run` (44 s in make test); the real runs that remain cover what Flower adds:
-every script's first run (``through_flower``), 200 virtual nodes in the scale
-benchmark's quick form, the faults, the killed server and the stopped simulation.
+the first run of one script of each path through Flower (``through_flower``), 200
+virtual nodes in the scale benchmark's quick form, the faults, the killed server and the
+stopped simulation.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Sheaf-FRL's reproduction scripts in --quick form. Each script's first run goes through a
-real `flwr run` and again in process, and both must write the same results; its other
-runs run in process (``through_flower``, tests/simulations/conftest.py)."""
+"""Sheaf-FRL's reproduction scripts in --quick form. Their runs run in process, each
+message through Flower's encoding (``on_the_wire``); the shift script's first run also
+goes through a real `flwr run` and again in process, and both must write the same results
+(``through_flower``, tests/simulations/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import numpy as np
 import pytest
 
 from fedpers.simulations import sheaf_bottleneck, sheaf_shift
-from tests.simulations.conftest import assert_through_flower
-
-pytestmark = pytest.mark.flower
+from tests.simulations.conftest import (
+    InProcessSimulation,
+    assert_on_the_wire,
+    assert_through_flower,
+)
 
 METHODS = {"sheaf-frl", "non-cooperative", "non-cooperative-pilots"}
 FMTL = {"sheaf-fmtl", "sheaf-fmtl-pilots"}
@@ -22,6 +25,7 @@ FEDMUSCLE = {"fedmuscle", "fedmuscle-pilots"}
 COMFED = {"comfed", "comfed-pilots"}
 
 
+@pytest.mark.flower
 def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = sheaf_shift.main(["--out", str(tmp_path), "--quick"])
     private, communication = summary["private_accuracy"], summary["communication_accuracy"]
@@ -46,7 +50,8 @@ def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) ->
     assert_through_flower(through_flower, tmp_path)
 
 
-def test_bottleneck_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
+@pytest.mark.script
+def test_bottleneck_quick(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -> None:
     summary = sheaf_bottleneck.main(["--out", str(tmp_path), "--quick"])
     communication = summary["communication_accuracy"]
     assert set(communication["sheaf-frl"]) == {"8"}
@@ -62,4 +67,4 @@ def test_bottleneck_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]
     table = (tmp_path / "table.md").read_text()
     assert "| sheaf-frl |" in table
     assert "| fedproto-pilots |" in table
-    assert_through_flower(through_flower, tmp_path)
+    assert_on_the_wire(on_the_wire, tmp_path)

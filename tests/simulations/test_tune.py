@@ -1,6 +1,6 @@
-"""simulations.tune (its first run through a real `flwr run` and again in process, the
-others in process: ``through_flower``, tests/simulations/conftest.py), and a federation
-smaller than num-clients, through Flower."""
+"""simulations.tune (its runs in process, each message through Flower's encoding:
+``on_the_wire``, tests/simulations/conftest.py), and a federation smaller than
+num-clients, through Flower."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from fedpers.data.client import client_data
 from fedpers.reports import read_clients, read_config, read_summary
 from fedpers.simulations import tune
 from fedpers.simulations.launch import FlowerRunError, LocalSimulation
-from tests.simulations.conftest import assert_through_flower
+from tests.simulations.conftest import InProcessSimulation, assert_on_the_wire
 
 
-@pytest.mark.flower
+@pytest.mark.script
 def test_tune_scores_each_value_on_validation_and_records_the_choice(
-    tmp_path: Path, through_flower: list[tuple[Path, Path]]
+    tmp_path: Path, on_the_wire: list[InProcessSimulation]
 ) -> None:
     base = "algorithm='fedrep' dataset='digits' num-clients=6 num-rounds=3 final-rounds=2"
     summary = tune.main(
@@ -48,7 +48,7 @@ def test_tune_scores_each_value_on_validation_and_records_the_choice(
     assert json.loads((tmp_path / "summary.json").read_text())["chosen"] == float(best)
     assert np.isfinite(list(summary["score"].values())).all()
     assert (tmp_path / "tune.png").stat().st_size > 1000
-    assert_through_flower(through_flower, tmp_path)
+    assert_on_the_wire(on_the_wire, tmp_path)
 
 
 @pytest.mark.flower
