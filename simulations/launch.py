@@ -383,14 +383,7 @@ class LocalSimulation:
             # The SuperLink leads its own session and process group.
             stop_process_group(self.process.pid, grace=grace, reap=self.process.poll)
             self.process = None
-        # Until none is left: a process SIGKILLed a moment ago may not have exited yet,
-        # and a dying Ray may still start one (seen once on a loaded machine).
-        deadline = time.monotonic() + 15.0
-        while (left := processes_with_home(self.home)) and time.monotonic() < deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        left = kill_processes_with_home(self.home)
         if left:
             logger.warning(
                 "processes %s with FLWR_HOME=%s outlived 15 s of SIGKILL", left, self.home
@@ -599,6 +592,34 @@ def stop_process_group(
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
+
+
+def kill_processes_with_home(home: Path, within: float = 15.0) -> list[int]:
+    """SIGKILL every process with ``FLWR_HOME=home`` until two scans half a second apart
+    find none, then every process group they led or joined (not this process's); the
+    PIDs still found after ``within`` s (none, normally).
+
+    One empty scan is not enough: a process SIGKILLed a moment ago may not have exited
+    yet, a dying Ray may still start one, and a process in the middle of its exec shows
+    no environment. Ray's dashboard and runtime-env agents, started by its raylet, once
+    outlived a stopped script by a few seconds on a loaded machine; they share a process
+    group with the Ray processes killed here.
+    """
+    deadline = time.monotonic() + within
+    groups: set[int] = set()
+    empty = 0
+    while empty < 2 and time.monotonic() < deadline:
+        left = processes_with_home(home)
+        empty = 0 if left else empty + 1
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(pid))
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1 if left else 0.5)
+    for group in groups - {0, 1, os.getpgrp()}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    return processes_with_home(home)
 
 
 def processes_with_home(home: Path) -> list[int]:

@@ -1,8 +1,8 @@
 """Real `flwr run` simulations on the Ray backend: a stopped one leaves no process.
 
-What a run writes is checked in process (test_run_outputs.py); every script's test
-sends its first run through `flwr run` too, and the scale benchmark's quick form runs
-200 virtual nodes through it."""
+What a run writes is checked in process (test_run_outputs.py); one script of each path
+through Flower sends its first run through `flwr run` too (tests/simulations/conftest.py),
+and the scale benchmark's quick form runs 200 virtual nodes through it."""
 
 from __future__ import annotations
 
