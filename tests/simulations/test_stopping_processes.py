@@ -39,6 +39,9 @@ def test_every_process_with_the_home_and_its_group_is_killed(tmp_path: Path) -> 
         while not (pids.is_file() and pids.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.05)
         with_home, without = (int(p) for p in pids.read_text().split())
+        # forked at once, FLWR_HOME in its environment once it has exec'd sleep
+        while processes_with_home(home) != [with_home] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert processes_with_home(home) == [with_home]
         assert kill_processes_with_home(home) == []
         leader.wait(timeout=10)
