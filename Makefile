@@ -66,10 +66,12 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# Markers: flower (real Flower processes; every script's --quick test sends its first run
-# through flwr run), script (a script's --quick form on the batched engine only), package
-# (the wheel built and installed into a fresh venv: 35 s on one worker), cluster and
-# docker (their own targets below; left out by pyproject's addopts).
+# Markers: flower (real Flower processes; one script of each path through Flower sends its
+# first run through flwr run too), script (a script's --quick form without a Flower
+# process: in process on Flower's encoding, on the batched engine, or as processes it
+# interrupts), package (the wheel built and installed into a fresh venv: 35 s on one
+# worker), netns, cluster and docker (their own targets below; left out by pyproject's
+# addopts).
 check: lint typecheck
 	$(BIN)/python -m pytest $(XDIST) -m "not flower and not script and not package and not cluster and not docker"
 

@@ -118,6 +118,7 @@ def _check_interrupted(code: int, output: str, signum: int, runs: list[Path]) ->
         assert not (directory / "summary.json").exists()
 
 
+@pytest.mark.script  # a script's --quick form, five times as a process: make test, not check
 def test_a_script_and_fedpers_run_resume_to_the_uninterrupted_result(tmp_path: Path) -> None:
     # The batched engine: the runs go in the script's process pool. SIGINT to a script.
     script = [str(PYTHON), "-m", "simulations.fedrep_images", "--quick", "--num-rounds", "16"]
