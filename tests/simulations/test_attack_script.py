@@ -90,6 +90,7 @@ def test_the_bound_is_the_hypothesis_testing_region_of_twice_epsilon() -> None:
     assert attack.advantage_bound(1.0, 0.0) == pytest.approx(math.tanh(1.0))
 
 
+@pytest.mark.script  # the script's --quick form: make test, not make check
 def test_attack_quick(tmp_path: Path) -> None:
     out = tmp_path / "attack"
     summary = attack.main(

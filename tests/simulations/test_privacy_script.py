@@ -100,6 +100,7 @@ def test_bad_epsilons_are_refused_before_any_run(tmp_path: Path) -> None:
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.script  # the script's --quick form: make test, not make check
 @pytest.mark.usefixtures("no_superlink")
 def test_in_process_flag_runs_the_grid_without_flower(tmp_path: Path) -> None:
     from fedpers.simulations import launch, runs
