@@ -18,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,11 @@ def _interrupt(
     rounds: int,
     signum: int,
     environment: dict[str, str] | None = None,
+    before_signal: Callable[[], None] | None = None,
 ) -> tuple[int, str]:
     """Run ``command`` (from the checkout, with ``environment`` added), send ``signum``
-    once ``watched`` (a rounds.jsonl) holds ``rounds`` lines; its exit status and
-    output."""
+    once ``watched`` (a rounds.jsonl) holds ``rounds`` lines (calling ``before_signal``
+    first); its exit status and output."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (environment or {})
     process = subprocess.Popen(
         command,
@@ -84,6 +87,8 @@ def _interrupt(
     try:
         while time.monotonic() < deadline and process.poll() is None:
             if watched.is_file() and len(watched.read_text().splitlines()) >= rounds:
+                if before_signal is not None:
+                    before_signal()
                 process.send_signal(signum)
                 break
             time.sleep(0.1)
@@ -169,23 +174,52 @@ def test_a_script_through_flower_is_interrupted_and_resumed(tmp_path: Path) -> N
     # Its Flower and Ray state in a folder of its own: the other worker's simulations
     # keep theirs in the checkout's .flwr, alive while this one is checked.
     work = tmp_path / "work"
+    sessions: list[Path] = []  # Ray's session folders while the run trains
+
+    def ray_sessions() -> None:
+        sessions.extend(launch.ray_directory(work).rglob("session_*"))
+
     code, output = _interrupt(
         [*script, "--out", str(out)],
         run / "rounds.jsonl",
         2,
         signal.SIGINT,
         {launch.WORK_ENV: str(work)},
+        ray_sessions,
     )
     _check_interrupted(code, output, signal.SIGINT, [run])
     assert "fedrep-seed0 | start-up | " in output
     assert (run / "flower.log").stat().st_size > 0  # Flower's log, kept for the stopped run
     # every process it started inherited its FEDPERS_WORK_DIR; none is left, nor its
-    # private FLWR_HOME
+    # private FLWR_HOME, nor the Ray session it started (before: every run's stayed, 28
+    # after an afternoon)
     assert launch.processes_with_env(launch.WORK_ENV, str(work)) == []
     assert list((work / ".flwr").glob("sim-*")) == []
+    assert sessions, f"the run's Ray kept no session under {launch.ray_directory(work)}"
+    assert [s for s in sessions if s.exists()] == []
     resumed = subprocess.run(_resume(output), cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert len((run / "rounds.jsonl").read_text().splitlines()) == 12
+    # What a user sees before round 1 and after the run (before: nothing for a minute,
+    # and no word of where the results went)
+    lines = resumed.stdout.splitlines()
+    assert "starting a local Flower SuperLink for the runs" in lines
+    assert any(line.startswith("SuperLink ready on 127.0.0.1:") for line in lines)
+    stages = [line.split(" | ")[2] for line in lines if line.startswith("fedrep-seed0 | start-up")]
+    assert stages[:3] == [
+        "flwr run: the simulation starts Ray and 20 virtual nodes",
+        "waiting for 20 nodes and their partitions",
+        "nodes registered, partitions known; choosing the initial model",
+    ]
+    restored = re.fullmatch(
+        r"checkpoint of round (\d+) and the nodes' state restored; round (\d+) starts", stages[3]
+    )
+    assert restored, stages
+    assert int(restored[2]) == int(restored[1]) + 1 >= 2
+    done = [line for line in lines if line.startswith("fedrep-seed0 | done | ")]
+    assert len(done) == 1
+    assert done[0].startswith(f"fedrep-seed0 | done | results in {run} | ")
+    assert " s, rounds " in done[0]
     config = json.loads((run / "config.json").read_text())
     twin = {k: v for k, v in config.items() if k not in ("resume", "results-dir")}
     alone = InProcessSimulation(echo=lambda line: None).run(
