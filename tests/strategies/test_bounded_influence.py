@@ -672,6 +672,58 @@ def test_scaffold_variates_scaled_every_round_do_not_accumulate() -> None:
     assert len(clean_records) == rounds
 
 
+def _norm(arrays: dict[str, np.ndarray], prefixes: tuple[str, ...] = ("",)) -> float:
+    return math.sqrt(
+        sum(
+            float(np.sum(v.astype(np.float64) ** 2))
+            for n, v in arrays.items()
+            if n.startswith(prefixes)
+        )
+    )
+
+
+# Each row with state of its own on the server, as simulations.exchange_attacks runs
+# them (there 10 clients and 50 rounds, here 4 and 20).
+ROWS_WITH_STATE = {
+    "fed-mtl": {},
+    "fedproto": {"sheaf_latent_dims": ",".join(["8"] * NODES)},
+    "clustered-fl": {},
+    "pfedme": {},
+    "l2gd": {},
+    "fedgmm": {"dataset": "mixture"},
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS_WITH_STATE))
+def test_an_in_bound_attacker_every_round_leaves_the_state_within_the_clean_runs_scale(
+    row: str,
+) -> None:
+    # Issue 46: one client of four sends its update sign-flipped x10 in each of 20 rounds
+    # (inside update-cap 100). Under the median, the run never stops, every array of the
+    # server's state stays finite and within 1.5 times the clean run's norm (measured
+    # 2026-12-07: 0.90-1.00; Fed-MTL's honest clients' models, the attacker's own
+    # stored model being its own), and the attack reached the state. FedProto's sign-
+    # flipped prototypes are not in bound: they are left out, every round. (Under the
+    # plain mean Clustered FL's and pFedMe's runs stop, rounds 8 and 9 here: docs/
+    # architecture.md says the mean gives no such bound.)
+    rounds = 20
+    settings = {"algorithm": row, "aggregation": "median", "epochs": 1, **ROWS_WITH_STATE[row]}
+    attacked, records, _ = _run({}, rounds, fault_injection=f"sign-flip=10:{ATTACKER}", **settings)
+    clean, clean_records, _ = _run({}, rounds, **settings)
+    assert [r.round for r in records] == list(range(1, rounds + 1))  # the run never stopped
+    assert len(clean_records) == rounds
+    state, clean_state = attacked.adopted, clean.adopted  # type: ignore[attr-defined]
+    assert all(np.all(np.isfinite(v)) for v in state.values())
+    assert any(not np.array_equal(state[n], clean_state[n]) for n in state)  # reached
+    refused = [sum(r.startswith(f"partition {ATTACKER}: ") for r in x.rejections) for x in records]
+    if row == "fedproto":
+        assert refused == [1] * rounds
+        return
+    assert refused == [0] * rounds  # in bound: the aggregation is what holds it
+    own = ("",) if row != "fed-mtl" else tuple(f"task.{p}." for p in range(NODES) if p != ATTACKER)
+    assert _norm(state, own) <= 1.5 * _norm(clean_state, own)
+
+
 def test_fedproto_prototypes_moved_far_are_left_out_whatever_their_counts() -> None:
     # Issue 46: the update norm took the counts (tens of samples per class) with the
     # prototypes, so a prototype moved by 3e3 against honest moves below 1 stayed within
