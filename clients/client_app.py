@@ -39,7 +39,7 @@ from fedpers import algorithms, families, privacy, protocol, records
 from fedpers.clients import device_state, faults
 from fedpers.cohort import Cohort, Member, Reply
 from fedpers.config import Partitioner, RunConfig
-from fedpers.data.client import client_data, generated_sizes
+from fedpers.data.client import adaptation_test_size, client_data, generated_sizes
 from fedpers.families import Faults, QuerySpec
 from fedpers.protocol import Query
 
@@ -305,11 +305,15 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query(Query.INFO)
 def info(msg: Message, context: Context) -> Message:
-    """Which partition this node holds, and how many samples."""
+    """Which partition this node holds, and how many samples (an unseen client's test
+    size: what it is tested on after adapting, ``adaptation_test_size``)."""
     run = _run(context)
     partition = _partition(context)
     if run.family.sample_counts is not None:  # fresh samples every round: nothing stored
         num_train, num_test = run.family.sample_counts(run)
+    elif partition >= run.seen_clients:  # unseen (unseen-fraction): its adaptation split
+        data = client_data(run, partition)
+        num_train, num_test = len(data.y_train), adaptation_test_size(data, run.adapt_fraction)
     elif run.partitioner == Partitioner.GENERATED:  # known without generating anything
         num_train, num_test = generated_sizes(run)
     else:  # the data alone: no model, no torch, for a message every node answers

@@ -435,11 +435,22 @@ def adaptation_split(
     """An unseen client's data pooled and split: (x, y) to adapt on, (x, y) to test on.
 
     FedGMM's Table 4 protocol: a client that never trained adapts on ``fraction`` of
-    its samples and is tested on the rest.
+    its samples and is tested on the rest (``adaptation_test_size`` of them).
     """
     parts = [(data.x_train, data.y_train), (data.x_val, data.y_val), (data.x_test, data.y_test)]
     x = np.concatenate([p[0] for p in parts if len(p[1])])
     y = np.concatenate([p[1] for p in parts if len(p[1])])
     order = rng(seed, "adapt-split", partition_id).permutation(len(y))
-    cut = int(round(fraction * len(y)))
+    cut = _adaptation_cut(fraction, len(y))
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def _adaptation_cut(fraction: float, pooled: int) -> int:
+    return int(round(fraction * pooled))
+
+
+def adaptation_test_size(data: ClientData, fraction: float) -> int:
+    """How many samples ``adaptation_split`` tests an unseen client on: what its node
+    registers as its test size, which bounds the weight of its test reply."""
+    pooled = len(data.y_train) + len(data.y_val) + len(data.y_test)
+    return pooled - _adaptation_cut(fraction, pooled)

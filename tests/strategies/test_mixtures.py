@@ -21,7 +21,7 @@ from sklearn.mixture import GaussianMixture
 from fedpers import protocol
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import RunConfig
-from fedpers.data.client import client_data
+from fedpers.data.client import adaptation_split, client_data
 from fedpers.families import mixture as mixture_family
 from fedpers.protocol import UnseenTest
 from fedpers.strategies import build_strategy
@@ -140,6 +140,36 @@ def test_unseen_clients_only_take_part_in_the_final_evaluation() -> None:
     assert all(m.content[protocol.CONFIG][protocol.UNSEEN] == 1 for m in finals)
     assert isinstance(final, UnseenTest)
     assert 0.0 <= final.accuracy <= 1.0
+
+
+def test_the_unseen_accuracy_weighs_each_client_by_the_samples_it_was_tested_on() -> None:
+    # Before: an unseen client registered its test split's size (41, 32, 57 here) but is
+    # tested on the part of all its data it did not adapt on (83, 63, 115), so its test
+    # reply was capped at the registered size ("num-examples 83.0 capped at 41") and the
+    # unseen accuracy weighted by the wrong counts (0.10385 against 0.10345).
+    grid, config, strategy = _setup(
+        num_clients=10,
+        fraction_train=0.5,
+        unseen_fraction=0.3,
+        dataset="digits",
+        partitioner="dirichlet",
+    )
+    initial = strategy.initial_arrays(grid, timeout=5)
+    result = strategy.start(
+        grid, initial, num_rounds=1, train_config=_config(config), evaluate_config=_config(config)
+    )
+    final = strategy.final_test(grid, result.arrays, _config(config), server_round=2, timeout=5)
+    assert isinstance(final, UnseenTest)
+    unseen = range(config.seen_clients, config.num_clients)
+    tested = {
+        p: len(adaptation_split(client_data(config, p), config.adapt_fraction, config.seed, p)[3])
+        for p in unseen
+    }
+    assert len(set(tested.values())) > 1  # sizes that differ, or the weights would not matter
+    assert {p: strategy.federation.test_sizes[p] for p in unseen} == tested
+    accuracy = {int(p): a for p, a in final.clients.items()}
+    expected = sum(accuracy[p] * tested[p] for p in unseen) / sum(tested.values())
+    assert final.accuracy == pytest.approx(expected, rel=1e-12)
 
 
 def _fake_reply(node: int, arrays: dict[str, np.ndarray]) -> Message:
