@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common import serde
+from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedpers.config import schema_defaults
@@ -41,9 +43,6 @@ def run_config(**overrides: Any) -> dict[str, Any]:
 def on_the_wire(message: Message) -> Message:
     """``message`` as its receiver gets it from Flower: encoded by Flower's ``serde``
     into the protobuf bytes that cross the network, and decoded again."""
-    from flwr.common import serde
-    from flwr.proto.message_pb2 import Message as ProtoMessage
-
     encoded = serde.message_to_proto(message).SerializeToString()
     return serde.message_from_proto(ProtoMessage.FromString(encoded))
 

@@ -600,17 +600,20 @@ def kill_processes_with_home(home: Path, within: float = 15.0) -> list[int]:
     PIDs still found after ``within`` s (none, normally).
 
     One empty scan is not enough: a process SIGKILLed a moment ago may not have exited
-    yet, a dying Ray may still start one, and a process in the middle of its exec shows
-    no environment. Ray's dashboard and runtime-env agents, started by its raylet, once
-    outlived a stopped script by a few seconds on a loaded machine; they share a process
-    group with the Ray processes killed here.
+    yet, and a dying Ray may still start one (seen once on a loaded machine). Ray's
+    dashboard and runtime-env agents, which its raylet starts, carry no FLWR_HOME; they
+    leave once they see the raylet gone, which once took seconds after a stopped script
+    had exited on a loaded machine. They share a process group with the Ray processes
+    killed here.
     """
     deadline = time.monotonic() + within
     groups: set[int] = set()
     empty = 0
-    while empty < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         left = processes_with_home(home)
         empty = 0 if left else empty + 1
+        if empty == 2:
+            break
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 groups.add(os.getpgid(pid))
