@@ -13,10 +13,11 @@ The tests check that on the configuration of a script's first run, cut to
 with unseen clients, Sheaf-FRL's relayed pilots, client-side privacy. The other
 scripts' tests run all their runs in process on the wire (``on_the_wire``): a real run
 costs about 20 processor-seconds before its first round (the CLI, the simulation
-process, Ray and its actors' imports; docs/benchmarks.md) and 0.3-0.7 s a round on top of the work, and
-``make test`` has 12 minutes on 2 cores. The cut keeps everything a run does once
-(start-up, the partition query, the initial vote, a round that follows another, the last
-round's final tests, the summary) at a tenth of the rounds of the longest quick forms.
+process, Ray and its actors' imports; docs/benchmarks.md) and 0.3-0.7 s a round on top
+of the work, and ``make test`` has 12 minutes on 2 cores. The cut keeps everything a run
+does once (start-up, the partition query, the initial vote, a round that follows
+another, the last round's final tests, the summary) at a tenth of the rounds of the
+longest quick forms.
 """
 
 from __future__ import annotations
