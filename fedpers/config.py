@@ -316,7 +316,10 @@ class FaultSettings:
     """Bad replies, injected faults, checkpoints and resume."""
 
     min_replies: int = setting(
-        1, "usable training replies a round needs, else the run stops cleanly"
+        1,
+        "usable training replies a round needs; with fewer the run stops cleanly, unless "
+        "enough clients answered: then the state sent failed, and the round goes back to "
+        "the last state that got enough (a second such round in a row stops the run)",
     )
     fault_injection: str = setting(
         "",

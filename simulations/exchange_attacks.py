@@ -60,9 +60,11 @@ def plan(
     seeds: Sequence[int],
     values: Mapping[str, Any] | None = None,
     rounds: int | None = None,
+    rows: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     """The runs (run-config overrides) and, by row and aggregation, the refusals: a
-    robust aggregation that the row's configuration check refuses is not run.
+    robust aggregation that the row's configuration check refuses is not run. ``rows``
+    (of ``ROWS``, in its order) replaces the default rows.
 
     Raises
     ------
@@ -74,7 +76,9 @@ def plan(
     from fedpers.simulations.launch import resolved_config
 
     rounds = rounds if rounds is not None else (QUICK_ROUNDS if quick else ROUNDS)
-    rows = QUICK_ROWS if quick else tuple(ROWS)
+    if rows is None:
+        rows = QUICK_ROWS if quick else tuple(ROWS)
+    rows = [row for row in ROWS if row in rows]
     aggregations = QUICK_AGGREGATIONS if quick else tuple(Aggregation)
     runs: list[dict[str, Any]] = []
     refused: dict[str, dict[str, str]] = {}

@@ -449,6 +449,7 @@ def _planned_exchanges(
         seeds=seeds,
         values=settings(args, {}),
         rounds=args.exchange_rounds,
+        rows=sorted(args.exchange_rows) if args.exchange_rows is not None else None,
     )
 
 
@@ -538,6 +539,14 @@ def _add_part_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"rounds of each attack over a run (default {exchange_attacks.ROUNDS}, "
         f"{exchange_attacks.QUICK_ROUNDS} with --quick)",
+    )
+    parser.add_argument(
+        "--exchange-rows",
+        type=_names("--exchange-rows", tuple(exchange_attacks.ROWS)),
+        default=None,
+        help="the rows of the attacks over a run, comma-separated (default: all of "
+        f"{','.join(exchange_attacks.ROWS)}; with --quick "
+        f"{','.join(exchange_attacks.QUICK_ROWS)})",
     )
     parser.add_argument(
         "--skip-fuzz", action="store_true", help="no fuzz cases (the sweep and the attacks)"

@@ -20,7 +20,10 @@ nodes that restarted under a new id are re-mapped before each round; a round's r
 are values its steps return (``TrainOutcome``, ``EvaluateOutcome``, together a
 ``RoundOutcome``), reported as a ``RoundRecord`` (the results writer is a callback,
 outside any aggregation code); a round with fewer usable replies than ``min-replies``
-stops the run after it is recorded. The strategy is anything with the methods of
+stops the run after it is recorded, unless enough clients answered and the state sent
+was what failed: then the round goes back to the last global state sent that got enough
+usable replies (``rolled_back``), and only a round from that state that fails too (or
+round 1, with no such state) stops the run. The strategy is anything with the methods of
 ``RoundStrategy``: ``FedpersStrategy`` (strategies/base.py) and its algorithms.
 """
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -181,18 +184,27 @@ def run_rounds(
     Raises
     ------
     RoundFailedError
-        When a round has fewer usable training replies than ``min_replies``.
+        When a round has fewer usable training replies than ``min_replies``, unless it
+        goes back to an earlier state (``rolled_back``): it has fewer answers than
+        ``min_replies``, or no state to go back to (round 1 after a start or a resume,
+        or the round after one that went back).
     """
     result = Result()
     arrays = initial_arrays
     result.arrays = arrays
     if evaluate_fn is not None and (metrics := evaluate_fn(first_round - 1, arrays)) is not None:
         result.evaluate_metrics_serverapp[first_round - 1] = metrics
+    healthy: tuple[int, ArrayRecord] | None = None  # the last state sent that got enough
     for server_round in range(first_round, num_rounds + 1):
         started = time.monotonic()
         federation.refresh(grid, timeout=timeout)
         config = ConfigRecord(dict(train_config))
+        sent = arrays
         train = train_step(strategy, grid, federation, server_round, arrays, config, timeout)
+        failed = bool(train.sampled) and train.accepted < min_replies
+        back = _back_to(train, sent, healthy, min_replies) if failed else None
+        if back is not None:
+            train = rolled_back(train, server_round, min_replies, *back)
         arrays = train.arrays
         trained = time.monotonic()
         evaluate = EvaluateOutcome()
@@ -207,15 +219,17 @@ def run_rounds(
         extra = {
             **strategy.round_metrics(server_round),
             STATE_WELL_FORMED: float(well_formed(arrays, initial_arrays)),
+            **({ROLLED_BACK_TO: float(back[0])} if back is not None else {}),
         }
         record = _record(outcome, extra, started=started, trained=trained)
         if on_round is not None:
             on_round(record)
-        if train.sampled and train.accepted < min_replies:
+        if failed and back is None:
             raise RoundFailedError(
                 f"round {server_round}: {train.accepted} usable replies of {train.sampled}, "
                 f"fewer than min-replies = {min_replies}; " + "; ".join(record.rejections[:5])
             )
+        healthy = healthy if failed else (server_round - 1, sent)
         if on_checkpoint is not None:
             on_checkpoint(server_round, arrays)
     return result
@@ -254,6 +268,41 @@ def train_step(
     return TrainOutcome(
         arrays, metrics, len(exchange.sent), accepted, tuple(rejections), sent, received, replied
     )
+
+
+def _back_to(
+    train: TrainOutcome,
+    sent: ArrayRecord,
+    healthy: tuple[int, ArrayRecord] | None,
+    min_replies: int,
+) -> tuple[int, ArrayRecord] | None:
+    """``healthy`` (the last state sent that got enough usable replies, and its round)
+    if a round below ``min-replies`` goes back to it (``rolled_back``): enough clients
+    answered (too few of the answers were usable), and it is not the state ``sent``
+    this round; else None."""
+    answered = len(train.replied) >= min_replies
+    return healthy if answered and healthy is not None and healthy[1] is not sent else None
+
+
+def rolled_back(
+    train: TrainOutcome, server_round: int, min_replies: int, last: int, state: ArrayRecord
+) -> TrainOutcome:
+    """``train``, a round below ``min-replies`` after a healthy one, with the global state
+    of round ``last`` (``state``: the last state sent that got enough usable replies) in
+    place of the round's. Only for a round where enough clients answered and too few
+    answers were usable: the state sent is what failed (a model an attacker in every
+    round drove off, or one that diverged, from which every client's training broke the
+    value bound), so it is not kept, and the run goes on from one that was usable. Too
+    few answers (nodes down, timeouts) say nothing about the state, and stop the run;
+    so does a round from ``state`` that fails too (``run_rounds``)."""
+    where = "the initial state" if last == 0 else f"round {last}'s"
+    reason = (
+        f"{train.accepted} usable replies of {train.sampled}, fewer than min-replies = "
+        f"{min_replies}: the global state goes back to {where}, the last that got "
+        "enough usable replies"
+    )
+    rejections = (*train.rejections, _not_adopted(server_round, reason))
+    return replace(train, arrays=state, rejections=rejections)
 
 
 def evaluate_step(
@@ -398,6 +447,7 @@ def _record(
 
 
 STATE_WELL_FORMED = "state-well-formed"  # 1: the round's global state is sound
+ROLLED_BACK_TO = "rolled-back-to"  # a round below min-replies: the state it went back to
 
 
 def well_formed(state: ArrayRecord, initial: ArrayRecord) -> bool:

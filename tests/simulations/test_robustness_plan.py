@@ -53,6 +53,7 @@ def test_the_selection_keeps_only_the_chosen_cells() -> None:
         (["--aggregations", "mode"], "unknown mode"),
         (["--replies-per-round", "4,0"], "give replies per round as 4,10,40"),
         (["--sweep-replies", "-1"], "is not a count"),
+        (["--exchange-rows", "pfedme,fedavg"], "unknown fedavg; choose from scaffold,"),
     ],
 )
 def test_bad_flags_are_refused_before_anything_is_written(
@@ -111,6 +112,18 @@ def test_the_attacks_over_a_run_cover_every_row_with_its_own_exchange() -> None:
         assert (run["num-clients"], run["fraction-train"], run["num-rounds"]) == (10, 1.0, 50)
         assert run["fault-injection"] in ("", "sign-flip=10:0")
         assert (run["fault-injection"] == "") == ("-clean-" in run["run-name"])
+
+
+def test_the_chosen_rows_of_the_attacks_over_a_run_are_run_in_the_tables_order() -> None:
+    from fedpers.simulations import exchange_attacks
+
+    args = ["--out", "/r", "--exchange-rows", "pfedme,clustered-fl"]
+    chosen = robustness._parser().parse_args(args).exchange_rows
+    runs, _ = exchange_attacks.plan(
+        quick=True, scale=10.0, runs_dir=Path("/r"), seeds=(0,), rows=sorted(chosen)
+    )
+    assert [r["algorithm"] for r in runs[:: len(runs) // 2]] == ["clustered-fl", "pfedme"]
+    assert len(runs) == 2 * 2 * len(exchange_attacks.QUICK_AGGREGATIONS)
 
 
 def test_an_aggregation_a_row_refuses_is_listed_with_its_reason_and_not_run() -> None:

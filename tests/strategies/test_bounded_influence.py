@@ -30,6 +30,7 @@ from fedpers.families.sheaf import PROTOTYPES as FEDPROTO_PROTOTYPES
 from fedpers.results import RoundRecord
 from fedpers.strategies import build_strategy, screening
 from fedpers.strategies.base import FedpersStrategy
+from fedpers.strategies.rounds import ROLLED_BACK_TO, STATE_WELL_FORMED, RoundFailedError
 from tests.helpers import InProcessGrid, client_of, run_config
 
 NODES = 4
@@ -61,9 +62,13 @@ def _with_metrics(reply: Message, **metrics: Any) -> Message:
 
 
 def _run(
-    tampers: dict[str, Tamper], rounds: int = 1, **overrides: Any
+    tampers: dict[str, Tamper],
+    rounds: int = 1,
+    states: list[dict[str, np.ndarray]] | None = None,
+    **overrides: Any,
 ) -> tuple[FedpersStrategy, list[RoundRecord], list[list[Message]]]:
-    """The run, its round records, and the replies each round's ``aggregate_train`` got."""
+    """The run, its round records, and the replies each round's ``aggregate_train`` got;
+    ``states`` gets the global state each round ends with (what it checkpoints)."""
     values = run_config(
         **{
             "algorithm": "fedavg",
@@ -87,7 +92,14 @@ def _run(
     strategy.federation.connect(grid, timeout=5)
     initial = strategy.initial_arrays(grid, timeout=5)
     records: list[RoundRecord] = []
-    result = strategy.start(grid, initial, num_rounds=rounds, on_round=records.append)
+
+    def checkpoint(server_round: int, arrays: ArrayRecord) -> None:
+        if states is not None:
+            states.append({n: a.numpy() for n, a in arrays.items()})
+
+    result = strategy.start(
+        grid, initial, num_rounds=rounds, on_round=records.append, on_checkpoint=checkpoint
+    )
     strategy.adopted = {n: a.numpy() for n, a in result.arrays.items()}  # type: ignore[attr-defined]
     return strategy, records, aggregated
 
@@ -722,6 +734,54 @@ def test_an_in_bound_attacker_every_round_leaves_the_state_within_the_clean_runs
     assert refused == [0] * rounds  # in bound: the aggregation is what holds it
     own = ("",) if row != "fed-mtl" else tuple(f"task.{p}." for p in range(NODES) if p != ATTACKER)
     assert _norm(state, own) <= 1.5 * _norm(clean_state, own)
+
+
+def test_a_round_whose_every_answer_is_refused_goes_back_to_the_last_usable_state() -> None:
+    # Issue 46: every client of round 2 answers, with non-finite arrays: the state sent
+    # is what failed, so round 2 ends with the state round 1 was sent (the initial
+    # one), recorded, and the run goes on. Rounds 3-4 train from it.
+    states: list[dict[str, np.ndarray]] = []
+    strategy, records, _ = _run({}, 4, states, fault_injection="nan:0-3@2")
+    assert [r.round for r in records] == [1, 2, 3, 4]
+    assert [r.replies for r in records] == [NODES, 0, NODES, NODES]
+    assert [r.server.get(ROLLED_BACK_TO) for r in records] == [None, 0.0, None, None]
+    assert "the global state goes back to the initial state" in records[1].rejections[-1]
+    initial = client_of(strategy.run, 0).initial_arrays()
+    for name, value in initial.items():
+        np.testing.assert_array_equal(states[1][name], value)
+        assert not np.array_equal(states[0][name], value)  # round 1 moved it
+
+
+def test_a_round_from_the_state_gone_back_to_that_fails_too_stops_the_run() -> None:
+    # Rounds 2 and 3 refused: round 3 ran from the state round 2 went back to, so there
+    # is no usable state left to go back to; the run stops (min-replies), as it does
+    # in round 1 and for a round with too few answers (tests/strategies/test_faults.py).
+    states: list[dict[str, np.ndarray]] = []
+    with pytest.raises(RoundFailedError, match="round 3: 0 usable replies of 4"):
+        _run({}, 4, states, fault_injection="nan:0-3@2,nan:0-3@3")
+    assert len(states) == 2  # rounds 1 and 2 checkpointed, round 3 not
+
+
+@pytest.mark.parametrize(("row", "first"), [("clustered-fl", 8), ("pfedme", 9)])
+def test_under_the_mean_an_attacker_every_round_does_not_stop_the_run(row: str, first: int) -> None:
+    # Issue 46: one client of four sends its update sign-flipped x10 in every round
+    # (in bound) under the plain mean, which follows it: by round 8 (Clustered FL) or 9
+    # (pFedMe) the model it drove off makes every honest client's training break the
+    # value bound. The run stopped there (min-replies); it now goes back to the state
+    # sent the round before, which got usable replies, and goes on to its last round.
+    rounds = first + 2
+    states: list[dict[str, np.ndarray]] = []
+    settings = {"algorithm": row, "aggregation": "mean", "epochs": 1}
+    _, records, _ = _run({}, rounds, states, fault_injection=f"sign-flip=10:{ATTACKER}", **settings)
+    assert [r.round for r in records] == list(range(1, rounds + 1))  # the run never stopped
+    back = {r.round: r.server[ROLLED_BACK_TO] for r in records if ROLLED_BACK_TO in r.server}
+    assert min(back) == first
+    for server_round, to in back.items():
+        assert records[server_round - 1].replies == 0
+        assert to == server_round - 2
+        for name, value in states[server_round - 1].items():  # the state of round `to`
+            np.testing.assert_array_equal(value, states[int(to) - 1][name])
+    assert all(r.server[STATE_WELL_FORMED] == 1.0 for r in records)
 
 
 def test_fedproto_prototypes_moved_far_are_left_out_whatever_their_counts() -> None:
