@@ -4,9 +4,10 @@ what it cost the honest clients and whether the run went on to its last round.
 
 Per-round bounds cap what one reply can do in one round; state that the server carries
 from round to round (SCAFFOLD's control variates, Fed-MTL's stored models, FedProto's
-prototypes, Clustered FL's cluster models, pFedMe's and L2GD's global models, FedGMM's
-components and learners) is what a patient attacker aims at. Here client 0 of
-``CLIENTS`` (every client trains every round) sends its update sign-flipped and scaled,
+prototypes, Clustered FL's cluster models, pFedMe's and L2GD's global models, the mean
+of every client's model that FedEM's pFedMe keeps, FedGMM's components and learners)
+is what a patient attacker aims at. Here client 0 of ``CLIENTS`` (every client trains
+every round) sends its update sign-flipped and scaled,
 ``-scale (w - w_t)`` (``fault-injection = "sign-flip=S:0"``), in every round: a reply
 inside the update cap (``update-cap`` times the round's median update norm, 100 by
 default, against a scale of 10), so that no per-round check refuses it. Each row runs
@@ -46,6 +47,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "clustered-fl": {"dataset": "digits"},
     "pfedme": {"dataset": "digits"},
     "l2gd": {"dataset": "digits"},
+    "pfedme-fedem": {"dataset": "digits"},
     "fedgmm": {"dataset": "mixture"},
 }
 QUICK_ROWS = ("scaffold",)

@@ -102,7 +102,10 @@ def test_the_attacks_over_a_run_cover_every_row_with_its_own_exchange() -> None:
         quick=False, scale=10.0, runs_dir=Path("/r"), seeds=(0, 1)
     )
     assert refused == {}
-    rows = {"scaffold", "fed-mtl", "fedproto", "clustered-fl", "pfedme", "l2gd", "fedgmm"}
+    rows = {
+        "scaffold", "fed-mtl", "fedproto", "clustered-fl", "pfedme", "l2gd", "pfedme-fedem",
+        "fedgmm",
+    }  # fmt: skip
     assert {r["algorithm"] for r in runs} == rows
     # clean and attacked under every aggregation, each seed: 50 rounds of 10 clients
     # that all train, client 0 attacking in every round

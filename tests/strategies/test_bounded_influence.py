@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from fedpers import linear, protocol
-from fedpers.aggregation import AggregationError, trimmed_mean
+from fedpers.aggregation import Aggregation, AggregationError, trimmed_mean
 from fedpers.algorithms.scaffold import CONTROL as SCAFFOLD_CONTROL
 from fedpers.clients.client_app import app as client_app
 from fedpers.config import ConfigError, RunConfig
@@ -702,6 +704,7 @@ ROWS_WITH_STATE = {
     "clustered-fl": {},
     "pfedme": {},
     "l2gd": {},
+    "pfedme-fedem": {},
     "fedgmm": {"dataset": "mixture"},
 }
 
@@ -782,6 +785,55 @@ def test_under_the_mean_an_attacker_every_round_does_not_stop_the_run(row: str, 
         for name, value in states[server_round - 1].items():  # the state of round `to`
             np.testing.assert_array_equal(value, states[int(to) - 1][name])
     assert all(r.server[STATE_WELL_FORMED] == 1.0 for r in records)
+
+
+# A patient attacker, generated: which row's exchange, which aggregation, what the
+# attacker sends (an in-bound attack, an out-of-bound value, a false size), how hard,
+# and from which round on. Whatever it is, the run is not crashed and not stopped (one
+# of four cannot make too few answers), every round is recorded, every adopted state is
+# well formed, and each of the attacker's replies is kept or left out with a reason.
+ATTACKS = st.one_of(
+    st.tuples(st.sampled_from(["sign-flip", "noise"]), st.floats(0.5, 100.0)),
+    st.tuples(st.just("inflate"), st.floats(1.0, 1e15)),
+    st.tuples(st.sampled_from(["huge", "nan", "zero-examples", "shape"]), st.none()),
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    row=st.sampled_from(["scaffold", *ROWS_WITH_STATE]),
+    aggregation=st.sampled_from([a.value for a in Aggregation]),
+    attack=ATTACKS,
+    first=st.integers(1, 3),
+)
+def test_a_generated_attacker_over_rounds_neither_crashes_nor_stops_the_run(
+    row: str, aggregation: str, attack: tuple[str, float | None], first: int
+) -> None:
+    rounds = 4
+    kind, scale = attack
+    fault = kind if scale is None else f"{kind}={scale:g}"
+    settings_ = {
+        "algorithm": row,
+        "aggregation": aggregation,
+        "epochs": 1,
+        **ROWS_WITH_STATE.get(row, {}),
+        "fault_injection": ",".join(f"{fault}:{ATTACKER}@{r}" for r in range(first, rounds + 1)),
+    }
+    try:
+        RunConfig.from_mapping(run_config(**{"num_clients": NODES, **settings_}))
+    except ConfigError:  # an aggregation the row refuses before start: nothing runs
+        assume(False)
+    states: list[dict[str, np.ndarray]] = []
+    strategy, records, aggregated = _run({}, rounds, states, **settings_)
+    assert [r.round for r in records] == list(range(1, rounds + 1))
+    assert all(r.server[STATE_WELL_FORMED] == 1.0 for r in records)
+    assert all(np.all(np.isfinite(v)) for state in states for v in state.values())
+    for record, kept in zip(records, aggregated, strict=True):
+        refused = [r for r in record.rejections if r.startswith(f"partition {ATTACKER}: ")]
+        attacked = record.round >= first
+        took = sum(strategy.federation.partition(reply) == ATTACKER for reply in kept)
+        assert took + len(refused) >= (1 if attacked else 0), record.rejections
+        assert all(len(r) > len(f"partition {ATTACKER}: ") for r in refused)
 
 
 def test_fedproto_prototypes_moved_far_are_left_out_whatever_their_counts() -> None:
