@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import gmm, protocol, records
@@ -31,6 +31,7 @@ from fedpers.families.mixture import Embedding, GmmAggregation, GmmCovariance
 from fedpers.strategies import screening
 from fedpers.strategies.fedem import FedEM
 
+COMPONENTS_KEPT = "components-kept"  # components that broke the anchored bound, kept
 _FREE_ROWS = {
     mixture_family.SUMMARY_CENTROIDS,
     mixture_family.SUMMARY_COUNTS,
@@ -63,6 +64,11 @@ class FedGMM(FedEM):
         self.aggregation = mixture_family.settings(run).gmm_aggregation
         self.embedding = mixture_family.embedding(run)
         self.embedding_dim = mixture_family.settings(run).gmm_embedding_dim
+        # The initial components' centre and typical reach (``initial_arrays``, which a
+        # resume runs too): what no component may leave by more than update-cap squared
+        # typical reaches, over the whole run (``anchored``).
+        self.anchor: tuple[np.ndarray, float] | None = None
+        self.components_kept = 0  # this round's components that broke it
 
     @property
     def components(self) -> int:
@@ -228,7 +234,48 @@ class FedGMM(FedEM):
             pooled, ridge=self.ridge, previous=_fallback(means, self.covariance)
         )
         arrays[mixture_family.GMM_COVARIANCES] = Array(np.ascontiguousarray(start.covariances))
+        center = np.median(start.means, axis=0)
+        self.anchor = (center, float(np.median(self.reaches(start, center))))
         return arrays
+
+    def reaches(self, components: gmm.Components, center: np.ndarray) -> np.ndarray:
+        """Per component, how far its samples lie from ``center``: the squared distance
+        of its mean plus its variance (the trace of its covariance), the mean squared
+        distance of its samples to ``center``."""
+        offsets = np.sum((components.means - center) ** 2, axis=-1)
+        return offsets + self.traces(components.covariances)
+
+    def anchored(self, new: gmm.Components, previous: gmm.Components) -> gmm.Components:
+        """``new``, where each component whose reach from the initial components' centre
+        exceeds ``update-cap`` squared times their median reach keeps its ``previous``
+        value (counted in ``components-kept``). Per-round bounds measure a reply against
+        the round's components and replies, so a patient attacker compounds them (a
+        component's variance grew from 5e4 to 4e20 in six rounds, one client of four,
+        under every per-round bound); this bound does not move with the state."""
+        self.components_kept = 0
+        if self.anchor is None:
+            return new
+        center, reach = self.anchor
+        bound = self.run.update_cap**2 * max(reach, 1e-12)
+        beyond = ~(self.reaches(new, center) <= bound)
+        self.components_kept = int(beyond.sum())
+        if not self.components_kept:
+            return new
+        means, covariances = new.means.copy(), new.covariances.copy()
+        means[beyond], covariances[beyond] = previous.means[beyond], previous.covariances[beyond]
+        return gmm.Components(means, covariances)
+
+    def train_contents(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> dict[int, RecordDict]:
+        """FedEM's; a round starts with no component kept by ``anchored``."""
+        self.components_kept = 0
+        return super().train_contents(server_round, arrays, config, grid)
+
+    def round_metrics(self, server_round: int) -> dict[str, float]:
+        """FedEM's, and the components that kept their value by ``anchored`` (when any)."""
+        kept = {COMPONENTS_KEPT: float(self.components_kept)} if self.components_kept else {}
+        return {**super().round_metrics(server_round), **kept}
 
     def _ask(
         self,
@@ -353,6 +400,7 @@ class FedGMM(FedEM):
             ]
             component_weights = np.stack([g.sum(axis=1) for g in gammas])  # (C, M1)
             new = gmm.average_components(local, component_weights, previous=previous)
+        new = self.anchored(new, previous)
         return {
             mixture_family.GMM_MEANS: new.means,
             mixture_family.GMM_COVARIANCES: new.covariances,

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MessageType, MetricRe
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fedpers import linear, protocol
+from fedpers import gmm, linear, protocol
 from fedpers.aggregation import Aggregation, AggregationError, trimmed_mean
 from fedpers.algorithms.scaffold import CONTROL as SCAFFOLD_CONTROL
 from fedpers.clients.client_app import app as client_app
@@ -410,6 +410,52 @@ def _shifted(values: dict[str, np.ndarray]) -> None:
         + np.einsum("k,i,j->kij", count, delta, delta)
     )
     values[mixture_family.STATS_FIRST] = first + shift
+
+
+def _shifted_by_own_spread(values: dict[str, np.ndarray]) -> None:
+    # Every component's samples moved by 80 times their own spread around the component
+    # sent (the spread then 6,401 times its own: within update-cap squared times the
+    # round's lower median, as the client's own data is typical): consistent statistics.
+    count, first = values[mixture_family.STATS_COUNT], values[mixture_family.STATS_FIRST]
+    second = values[mixture_family.STATS_SECOND]
+    for k in np.flatnonzero(count > 0):
+        delta = np.zeros(first.shape[1])
+        delta[0] = 80 * math.sqrt(np.trace(second[k]) / count[k])
+        second[k] += np.outer(first[k], delta) + np.outer(delta, first[k])
+        second[k] += count[k] * np.outer(delta, delta)
+        first[k] += count[k] * delta
+
+
+def test_fedgmm_components_pushed_a_little_further_every_round_stay_anchored() -> None:
+    # Issue 46: each round's replies are measured against that round's components, so
+    # the shifted statistics above, sent every round, compounded: a component's variance
+    # grew from 5e4 to 4e20 and its mean to 3e10 in six rounds (one client of four,
+    # under the mean), each reply inside every per-round bound. A component may now
+    # reach at most update-cap squared times the initial components' median reach from
+    # their centre; beyond it, it keeps its previous value.
+    states: list[dict[str, np.ndarray]] = []
+    strategy, records, _ = _run(
+        {MessageType.TRAIN: _statistics(_shifted_by_own_spread)},
+        8,
+        states,
+        algorithm="fedgmm",
+        dataset="mixture",
+        epochs=1,
+    )
+    assert [r.round for r in records] == list(range(1, 9))
+    center, reach = strategy.anchor  # type: ignore[attr-defined]
+    bound = UPDATE_CAP**2 * reach
+    for state in states:
+        components = gmm.Components(
+            state[mixture_family.GMM_MEANS], state[mixture_family.GMM_COVARIANCES]
+        )
+        offsets = np.sum((components.means - center) ** 2, axis=-1)
+        traces = np.trace(components.covariances, axis1=-2, axis2=-1)
+        assert np.all(offsets + traces <= bound)
+    assert sum(r.server.get("components-kept", 0) for r in records) > 0  # it acted
+    assert all(
+        not any(r.startswith(f"partition {ATTACKER}: ") for r in x.rejections) for x in records
+    )  # fmt: skip  (in bound every round)
 
 
 @pytest.mark.parametrize("change", [_scaled_second, _shifted], ids=["second-x1e300", "shift-1e6"])
