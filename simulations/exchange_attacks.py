@@ -32,6 +32,7 @@ import numpy as np
 from fedpers.aggregation import Aggregation
 from fedpers.reports import read_rounds, read_summary
 from fedpers.results import final_mean
+from fedpers.strategies.rounds import ROLLED_BACK_TO
 
 CLIENTS = 10
 ATTACKER = 0
@@ -117,8 +118,9 @@ def summarize(
     refused: Mapping[str, Mapping[str, str]],
 ) -> dict[str, dict[str, Any]]:
     """By row and attack (``clean``, ``sign-flip``): the final accuracy by aggregation,
-    the mean over seeds (``accuracy``), and the rounds each run completed (``rounds``,
-    the fewest over seeds) against those asked (``num_rounds``); ``stopped``, the runs
+    the mean over seeds (``accuracy``), the rounds each run completed (``rounds``, the
+    fewest over seeds) against those asked (``num_rounds``) and the rounds that went
+    back to an earlier state (``went_back``, the most over seeds); ``stopped``, the runs
     that did not finish; ``state_changed``, by aggregation, whether the attack moved the
     final arrays off the clean run's (an attack that reached nothing would leave them
     equal; a run it stopped counts as moved); and ``refused``."""
@@ -136,14 +138,16 @@ def summarize(
             accuracy = final_mean(records, "evaluate.accuracy", 10)
             entry["stopped"].append(run["run-name"])
         completed = records[-1].round if records else 0
-        part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}})
+        part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}, "went_back": {}})
         part["per_seed"].setdefault(aggregation, []).append(accuracy)
         rounds = part["rounds"]
         rounds[aggregation] = min(rounds.get(aggregation, completed), completed)
+        back = sum(ROLLED_BACK_TO in r.server for r in records)
+        part["went_back"][aggregation] = max(part["went_back"].get(aggregation, 0), back)
         folders[(row, attack, aggregation, seed)] = directory
     for row, entry in table.items():
         for attack in ("clean", "sign-flip"):
-            part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}})
+            part = entry.setdefault(attack, {"per_seed": {}, "rounds": {}, "went_back": {}})
             part["accuracy"] = {a: _mean(v) for a, v in part["per_seed"].items()}
         seeds = {s for (r, _, _, s) in folders if r == row}
         entry["state_changed"] = {
@@ -175,6 +179,8 @@ def section(table: Mapping[str, Mapping[str, Any]], scale: float) -> list[str]:
                     accuracy = 100 * part["accuracy"][aggregation]
                     done = part["rounds"][aggregation]
                     stop = "" if done == entry["num_rounds"] else f" (stopped at {done})"
+                    back = part["went_back"].get(aggregation, 0)
+                    stop += f" (went back in {back} rounds)" if back else ""
                     moved = attack == "clean" or entry["state_changed"].get(aggregation)
                     cells.append(f"{accuracy:.2f}{stop}{'' if moved else ' (state as clean)'}")
                 else:

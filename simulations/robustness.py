@@ -72,6 +72,7 @@ from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 from fedpers.simulations.runs import prepare_output, run_in_process_pool, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table
+from fedpers.strategies.rounds import ROLLED_BACK_TO
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
 MALFORMED = (
@@ -632,7 +633,9 @@ def _attack_table(
     aggregation: the mean over seeds (each seed's in ``per_seed``, the std in ``std``,
     the 95% interval in ``ci95``). A run that an attack drove to a stop (every reply
     rejected, fewer than min-replies) counts with the mean of its last evaluated
-    rounds, and is listed under ``stopped`` (by seed)."""
+    rounds, and is listed under ``stopped`` (by seed); a run with rounds that went back
+    to an earlier state (every reply of the round refused) lists their count under
+    ``went_back`` (by seed)."""
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for overrides, directory in zip(runs, directories, strict=True):
         algorithm, aggregation = overrides["algorithm"], overrides["aggregation"]
@@ -641,11 +644,14 @@ def _attack_table(
         suffix = f"-{aggregation}-seed{overrides['seed']}"
         attack = overrides["run-name"][len(prefix) : -len(suffix)]
         entry = table.setdefault(str(replies), {}).setdefault(algorithm, {})
+        folder = Path(overrides["results-dir"]) / overrides["run-name"]
+        records = read_rounds(folder) if (folder / "rounds.jsonl").exists() else []
+        if back := sum(ROLLED_BACK_TO in r.server for r in records):
+            went_back = entry.setdefault("went_back", {}).setdefault(attack, {})
+            went_back.setdefault(aggregation, {})[str(overrides["seed"])] = back
         if directory is not None:
             accuracy = read_summary(directory)["final_accuracy"]
         else:
-            stopped = Path(overrides["results-dir"]) / overrides["run-name"]
-            records = read_rounds(stopped) if (stopped / "rounds.jsonl").exists() else []
             accuracy = final_mean(records, "evaluate.accuracy", 10)
             last = records[-1].round if records else 0
             stopped_at = entry.setdefault("stopped", {}).setdefault(attack, {})

@@ -4,6 +4,7 @@ no output directory behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -153,3 +154,45 @@ def test_a_setting_that_every_run_of_a_row_refuses_stops_before_anything_runs() 
 
     with pytest.raises(SystemExit, match=r"the attack over a run of scaffold: .*num-rounds"):
         exchange_attacks.plan(quick=True, scale=10.0, runs_dir=Path("/r"), seeds=(0,), rounds=0)
+
+
+def test_the_table_says_how_often_an_attacked_run_went_back(tmp_path: Path) -> None:
+    import numpy as np
+
+    from fedpers.results import RoundRecord
+    from fedpers.simulations import exchange_attacks
+
+    runs, directories = [], []
+    for attack, fault, back in (("clean", "", ()), ("sign-flip", "sign-flip=10:0", (2, 4))):
+        name = f"exchange-pfedme-{attack}-mean-seed0"
+        directory = tmp_path / name
+        directory.mkdir()
+        records = [
+            RoundRecord(
+                round=r, seconds=1.0, server={"rolled-back-to": r - 2.0} if r in back else {}
+            )
+            for r in range(1, 6)
+        ]
+        (directory / "rounds.jsonl").write_text(
+            "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
+        )
+        (directory / "summary.json").write_text(json.dumps({"final_accuracy": 0.5}))
+        np.savez(directory / "checkpoint.npz", w=np.array([1.0 if fault else 0.0]))
+        runs.append(
+            {
+                "algorithm": "pfedme",
+                "aggregation": "mean",
+                "seed": 0,
+                "fault-injection": fault,
+                "num-rounds": 5,
+                "results-dir": str(tmp_path),
+                "run-name": name,
+            }
+        )
+        directories.append(directory)
+    table = exchange_attacks.summarize(runs, directories, {})
+    assert table["pfedme"]["sign-flip"]["went_back"] == {"mean": 2}
+    assert table["pfedme"]["clean"]["went_back"] == {"mean": 0}
+    lines = exchange_attacks.section(table, 10.0)
+    assert "| pfedme | sign-flip x10 | 50.00 (went back in 2 rounds) |" in "\n".join(lines)
+    assert "| pfedme | none | 50.00 |" in "\n".join(lines)
