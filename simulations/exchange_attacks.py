@@ -5,8 +5,9 @@ what it cost the honest clients and whether the run went on to its last round.
 Per-round bounds cap what one reply can do in one round; state that the server carries
 from round to round (SCAFFOLD's control variates, Fed-MTL's stored models, FedProto's
 prototypes, Clustered FL's cluster models, pFedMe's and L2GD's global models, the mean
-of every client's model that FedEM's pFedMe keeps, FedGMM's components and learners)
-is what a patient attacker aims at. Here client 0 of ``CLIENTS`` (every client trains
+of every client's model that FedEM's pFedMe keeps, FedGMM's components and learners,
+FedAMP's stored models, pFedHN's hypernetwork and client embeddings) is what a
+patient attacker aims at. Here client 0 of ``CLIENTS`` (every client trains
 every round) sends its update sign-flipped and scaled,
 ``-scale (w - w_t)`` (``fault-injection = "sign-flip=S:0"``), in every round: a reply
 inside the update cap (``update-cap`` times the round's median update norm, 100 by
@@ -50,6 +51,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "l2gd": {"dataset": "digits"},
     "pfedme-fedem": {"dataset": "digits"},
     "fedgmm": {"dataset": "mixture"},
+    "fedamp": {"dataset": "digits"},
+    "pfedhn": {"dataset": "digits"},
 }
 QUICK_ROWS = ("scaffold",)
 QUICK_AGGREGATIONS = (Aggregation.MEAN, Aggregation.MEDIAN)

@@ -112,7 +112,7 @@ def _same(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> bool:
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forgery=FORGERY, guess=st.one_of(st.none(), st.binary(max_size=40)))
 def test_a_forged_checkpoint_is_refused_in_one_line_or_is_the_one_written(
     forgery: tuple[Any, ...], guess: bytes | None
@@ -176,7 +176,7 @@ def _round(number: int) -> RoundRecord:
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     line=st.integers(0, ROUND),
     field=st.sampled_from(FIELDS),

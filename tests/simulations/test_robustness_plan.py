@@ -105,7 +105,7 @@ def test_the_attacks_over_a_run_cover_every_row_with_its_own_exchange() -> None:
     assert refused == {}
     rows = {
         "scaffold", "fed-mtl", "fedproto", "clustered-fl", "pfedme", "l2gd", "pfedme-fedem",
-        "fedgmm",
+        "fedgmm", "fedamp", "pfedhn",
     }  # fmt: skip
     assert {r["algorithm"] for r in runs} == rows
     # clean and attacked under every aggregation, each seed: 50 rounds of 10 clients
