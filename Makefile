@@ -70,10 +70,11 @@ test: lint typecheck pytest
 # first run through flwr run too), script (a script's --quick form without a Flower
 # process: in process on Flower's encoding, on the batched engine, or as processes it
 # interrupts), package (the wheel built and installed into a fresh venv: 35 s on one
-# worker), netns, cluster and docker (their own targets below; left out by pyproject's
-# addopts).
+# worker), long (a run of many rounds, or several runs, in process: 5-17 s each; the
+# 20-round attacker tests, the audited private runs), netns, cluster and docker (their
+# own targets below; left out by pyproject's addopts).
 check: lint typecheck
-	$(BIN)/python -m pytest $(XDIST) -m "not flower and not script and not package and not cluster and not docker"
+	$(BIN)/python -m pytest $(XDIST) -m "not flower and not script and not package and not long and not cluster and not docker"
 
 # A fedpers simulation on a real two-node Ray cluster (two `ray start` on loopback),
 # against the single-machine run. About 2 minutes; .ci/run runs it after `make test`.

@@ -201,6 +201,7 @@ def test_a_broken_extension_is_left_out_with_one_line_and_the_rest_runs(
         load_run_config({"algorithm": "half-registered"})
 
 
+@pytest.mark.long
 def test_the_docs_run_of_the_example_learns_well_above_chance(
     installed: Path, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def _released(tmp_path: Path, algorithm: str, steps: int) -> Path:
     return directory
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("algorithm", "least"), [("fedavg", 0.9), ("fedrep", 0.75)])
 def test_the_attack_finds_members_a_model_memorized_and_not_those_it_never_saw(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, least: float

@@ -67,6 +67,7 @@ def test_bad_flags_are_refused_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.long
 def test_in_process_attack_runs_match_a_run_in_this_process(tmp_path: Path) -> None:
     """--in-process hands each attack run to a fresh process (spawned, one run each) and
     puts its result in the table: the same final accuracy, to the bit, as the same run

@@ -74,6 +74,7 @@ def test_too_few_virtual_nodes_fail_at_once_naming_the_fix(
 
 
 @pytest.mark.usefixtures("no_superlink")
+@pytest.mark.long
 def test_in_process_tuning_scores_what_an_in_process_run_gives(tmp_path: Path) -> None:
     from fedpers.simulations.inprocess import InProcessSimulation
 

@@ -710,6 +710,7 @@ def _control_norm(arrays: dict[str, np.ndarray]) -> float:
     )
 
 
+@pytest.mark.long
 def test_scaffold_variates_scaled_every_round_do_not_accumulate() -> None:
     # Issue 46: one client of four returning its variates x(-50) every round stayed
     # within each round's update cap, measured against norms the server's c had already
@@ -762,6 +763,7 @@ ROWS_WITH_STATE = {
 OWN_STATE = {"fedamp", "pfedhn"}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("row", list(ROWS_WITH_STATE))
 def test_an_in_bound_attacker_every_round_leaves_the_state_within_the_clean_runs_scale(
     row: str,
@@ -862,6 +864,7 @@ ATTACKS = st.one_of(
 )
 
 
+@pytest.mark.long
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     row=st.sampled_from(["scaffold", *ROWS_WITH_STATE]),

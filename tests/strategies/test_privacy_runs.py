@@ -360,6 +360,7 @@ def test_a_publish_dir_that_would_mix_with_the_results_is_refused(tmp_path: Path
     assert not (tmp_path / "mixed").exists()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sampling", ["poisson", "without-replacement"])
 def test_every_audited_run_stays_below_what_its_accountant_counts(
     tmp_path: Path, sampling: str
