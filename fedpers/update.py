@@ -197,6 +197,33 @@ class Personalized(Local):
         for member, arrays in zip(self.members, stack.arrays(parts), strict=True):
             member.state[protocol.STATE_PERSONAL] = to_record(arrays)
 
+    def train_kept(
+        self, *, objective: Objective = cross_entropy, inputs: Any = None
+    ) -> list[Reply]:
+        """Every member's kept whole model (``kept``) trained for the round's epochs on
+        ``objective``, stored again, and replied whole, with its size and, where it took a
+        step, the loss of its last epoch: Fed-MTL's and FedAMP's ``w_i``."""
+        stack = self.kept()
+        stats = train(
+            stack,
+            self.train_data(),
+            parts=protocol.MODEL_PARTS,
+            epochs=records.config_int(self.config, protocol.EPOCHS),
+            settings=self.sgd(),
+            generators=self.generators("train", self.round),
+            objective=objective,
+            inputs=inputs,
+            augment=self.augment,
+        )
+        self.keep(stack)
+        replies = []
+        for arrays, s in zip(stack.arrays(protocol.MODEL_PARTS), stats, strict=True):
+            metrics = {protocol.NUM_EXAMPLES: float(s.num_examples)}
+            if s.steps:
+                metrics[protocol.LOSS] = s.loss
+            replies.append((arrays, metrics))
+        return replies
+
     def keep_personal(self, stack: Stack) -> None:
         """Store the personal parts of every member's model (none for a row that shares
         all)."""

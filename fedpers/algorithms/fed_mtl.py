@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fedpers import protocol, records
+from fedpers import records
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.families import personalized
 from fedpers.protocol import MODEL_PARTS
@@ -91,7 +91,7 @@ def regularized(c: float, m: int) -> Objective:
 def fit(cohort: Cohort) -> list[Reply]:
     """``epochs`` of every member's ``w_i`` on its loss plus the regularizer toward the
     ``o`` it received; replies ``w_i``, and keeps it."""
-    from fedpers import training, update
+    from fedpers import update
 
     local = update.Personalized(cohort)
     received = local.received()  # each member's o
@@ -99,27 +99,10 @@ def fit(cohort: Cohort) -> list[Reply]:
     if m < 1:
         raise ValueError(f"the server's message names {m} sampled tasks; at least 1")
     c = cohort.run.group(FedMTLSettings).fed_mtl_lambda
+    if c <= 0:
+        return local.train_kept()
     names = [n for n, _ in local.model.named_parameters()]
-    stack = local.kept()
-    stats = training.train(
-        stack,
-        local.train_data(),
-        parts=MODEL_PARTS,
-        epochs=records.config_int(local.config, protocol.EPOCHS),
-        settings=local.sgd(),
-        generators=local.generators("train", local.round),
-        objective=regularized(c, m) if c > 0 else training.cross_entropy,
-        inputs=local.tensors(received, names) if c > 0 else None,
-        augment=local.augment,
-    )
-    local.keep(stack)
-    replies = []
-    for arrays, s in zip(stack.arrays(MODEL_PARTS), stats, strict=True):
-        metrics = {protocol.NUM_EXAMPLES: float(s.num_examples)}
-        if s.steps:
-            metrics[protocol.LOSS] = s.loss
-        replies.append((arrays, metrics))
-    return replies
+    return local.train_kept(objective=regularized(c, m), inputs=local.tensors(received, names))
 
 
 evaluate = personalized.evaluate_kept  # tested with its w_i

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from fedpers import protocol, records
 from fedpers.algorithms import AlgorithmSpec, Family
 from fedpers.algorithms.fed_mtl import TASK
 from fedpers.families import personalized
@@ -103,32 +102,14 @@ def attention(flat: np.ndarray, i: int, alpha: float, sigma: float) -> np.ndarra
 def fit(cohort: Cohort) -> list[Reply]:
     """``epochs`` of every member's ``w_i`` on its loss plus the proximal term toward
     the ``u_i`` it received; replies ``w_i`` and keeps it."""
-    from fedpers import training, update
+    from fedpers import update
 
     local = update.Personalized(cohort)
     received = local.received()  # each member's u_i
     settings = cohort.run.group(FedAmpSettings)
     names = [n for n, _ in local.model.named_parameters()]
-    stack = local.kept()
-    stats = training.train(
-        stack,
-        local.train_data(),
-        parts=MODEL_PARTS,
-        epochs=records.config_int(local.config, protocol.EPOCHS),
-        settings=local.sgd(),
-        generators=local.generators("train", local.round),
-        objective=update.proximal(settings.fedamp_lambda / settings.fedamp_alpha),
-        inputs=local.tensors(received, names),
-        augment=local.augment,
-    )
-    local.keep(stack)
-    replies = []
-    for arrays, s in zip(stack.arrays(MODEL_PARTS), stats, strict=True):
-        metrics = {protocol.NUM_EXAMPLES: float(s.num_examples)}
-        if s.steps:
-            metrics[protocol.LOSS] = s.loss
-        replies.append((arrays, metrics))
-    return replies
+    pull = update.proximal(settings.fedamp_lambda / settings.fedamp_alpha)
+    return local.train_kept(objective=pull, inputs=local.tensors(received, names))
 
 
 evaluate = personalized.evaluate_kept  # tested with its w_i
