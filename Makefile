@@ -22,7 +22,7 @@ STAMP  := $(VENV)/.installed
 WORKERS ?= 2
 XDIST    = -n $(WORKERS) --dist loadgroup
 
-.PHONY: install run test check lint typecheck pytest cluster-test netns-test deploy-test clean
+.PHONY: install run test check lint typecheck pytest twin-test cluster-test netns-test deploy-test clean
 
 # The installed files are compiled afterwards on both cores (compileall -j 0: 24 s)
 # instead of one file at a time by pip (45 s of a fresh venv's 125 s). They must be
@@ -61,8 +61,11 @@ typecheck: $(STAMP)
 	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml \
 	    ../examples/server_momentum/fedpers_server_momentum.py
 
+# FEDPERS_FLOWER_TWINS=0: the scripts' tests whose first run also goes through a real
+# `flwr run` (marker twin) run all their runs in process here; `make twin-test` runs
+# them with their Flower twins (tests/simulations/conftest.py).
 pytest: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not netns and not cluster and not docker and not network"
+	FEDPERS_FLOWER_TWINS=0 $(BIN)/python -m pytest $(XDIST) -m "not netns and not cluster and not docker and not network"
 
 test: lint typecheck pytest
 
@@ -90,6 +93,13 @@ cluster-test: $(STAMP)
 # 12 minutes; docs/benchmarks.md#tests); .ci/run runs them after it.
 netns-test: $(STAMP)
 	$(BIN)/python -m pytest -m netns
+
+# The scripts' tests whose first run also goes through a real `flwr run` on Ray and
+# must equal its in-process twin (marker twin: the linear family, FedGMM's unseen
+# clients, Sheaf-FRL's relayed pilots, client-side privacy). About 3 minutes; .ci/run
+# runs it after `make test`, which runs the same tests in process only.
+twin-test: $(STAMP)
+	FEDPERS_FLOWER_TWINS=1 $(BIN)/python -m pytest $(XDIST) -m twin
 
 # The Docker deployment: installs Docker if needed, builds both images, brings up
 # docker-compose (SuperLink, Fleet proxy, 3 SuperNodes) and checks it. As root; about

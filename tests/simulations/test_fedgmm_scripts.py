@@ -63,6 +63,7 @@ def test_ood_detection(tmp_path: Path, on_the_wire: list[InProcessSimulation]) -
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 def test_unseen_clients(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = fedgmm_unseen.main(["--out", str(tmp_path), "--quick"])
     seen, unseen = summary["seen_accuracy"], summary["unseen_accuracy"]

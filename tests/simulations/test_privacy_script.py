@@ -17,6 +17,7 @@ from tests.simulations.conftest import assert_through_flower
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 def test_privacy_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     from opacus.accountants import PRVAccountant
 

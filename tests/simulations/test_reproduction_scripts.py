@@ -19,21 +19,20 @@ from scipy import stats
 from fedpers.data.registry import DATASETS, FASHION_MNIST_SYSTEM_DIR
 from fedpers.reports import read_clients, read_rounds, read_summary
 from fedpers.simulations import fedrep_images, fedrep_linear
-from fedpers.simulations.launch import LocalSimulation
 from tests.simulations.conftest import (
     InProcessSimulation,
     assert_on_the_wire,
     assert_through_flower,
-    first_run_through_flower,
+    script_runs,
 )
 
 
 @pytest.fixture(scope="module")
 def linear_summary(
-    tmp_path_factory: pytest.TempPathFactory, simulation: LocalSimulation
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("linear")
-    with first_run_through_flower(simulation) as twins:
+    with script_runs(request) as twins:
         summary = fedrep_linear.main(["--out", str(out), "--quick"])
     assert (out / "figure4.png").exists()
     assert (out / "figure3_n100.png").exists()
@@ -65,6 +64,7 @@ linear = pytest.mark.xdist_group("linear")
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 @linear
 def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> None:
     first = linear_summary["rounds_to_0.01"]["fedrep"]["100"]
@@ -75,6 +75,7 @@ def test_linear_fedrep_reaches_0_01_at_n_100(linear_summary: dict[str, Any]) -> 
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 @linear
 def test_fedsgd_stays_10x_farther_than_fedrep(linear_summary: dict[str, Any]) -> None:
     # At n = 100. With n = 10 one client trains per round: FedRep needs the full 200
@@ -85,6 +86,7 @@ def test_fedsgd_stays_10x_farther_than_fedrep(linear_summary: dict[str, Any]) ->
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 @linear
 def test_new_clients_need_few_samples_with_the_fedrep_representation(
     linear_summary: dict[str, Any],

@@ -26,6 +26,7 @@ COMFED = {"comfed", "comfed-pilots"}
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 def test_shift_quick(tmp_path: Path, through_flower: list[tuple[Path, Path]]) -> None:
     summary = sheaf_shift.main(["--out", str(tmp_path), "--quick"])
     private, communication = summary["private_accuracy"], summary["communication_accuracy"]
