@@ -61,9 +61,11 @@ typecheck: $(STAMP)
 	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml \
 	    ../examples/server_momentum/fedpers_server_momentum.py
 
-# FEDPERS_FLOWER_TWINS=0: the scripts' tests whose first run also goes through a real
-# `flwr run` (marker twin) run all their runs in process here; `make twin-test` runs
-# them with their Flower twins (tests/simulations/conftest.py).
+# FEDPERS_FLOWER_TWINS=0: the tests marked twin run in process here (the scripts'
+# tests whose first run also goes through a real `flwr run`, tests/simulations/
+# conftest.py; the scale benchmark's quick form on the batched engine alone) or are
+# skipped (the extension example through `flwr run`, run in process by another test);
+# `make twin-test` runs them through Flower.
 pytest: $(STAMP)
 	FEDPERS_FLOWER_TWINS=0 $(BIN)/python -m pytest $(XDIST) -m "not netns and not cluster and not docker and not network"
 
@@ -94,10 +96,11 @@ cluster-test: $(STAMP)
 netns-test: $(STAMP)
 	$(BIN)/python -m pytest -m netns
 
-# The scripts' tests whose first run also goes through a real `flwr run` on Ray and
-# must equal its in-process twin (marker twin: the linear family, FedGMM's unseen
-# clients, Sheaf-FRL's relayed pilots, client-side privacy). About 3 minutes; .ci/run
-# runs it after `make test`, which runs the same tests in process only.
+# The tests marked twin through real `flwr run`s on Ray: the scripts' tests whose first
+# run must equal its in-process twin (the linear family, FedGMM's unseen clients,
+# Sheaf-FRL's relayed pilots, client-side privacy), the scale benchmark's quick form on
+# Flower's engine, the extension example through `flwr run`. About 3 minutes; .ci/run
+# runs it after `make test`, which runs them in process (or skips the last).
 twin-test: $(STAMP)
 	FEDPERS_FLOWER_TWINS=1 $(BIN)/python -m pytest $(XDIST) -m twin
 

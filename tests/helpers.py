@@ -4,6 +4,7 @@ and the client a ClientApp would build."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
@@ -26,6 +27,13 @@ __all__ = [
     "run_config",
     "set_task_identity",
 ]
+
+
+def twins_through_flower() -> bool:
+    """Whether the tests marked ``twin`` send their runs through a real ``flwr run``
+    (``FEDPERS_FLOWER_TWINS``, default yes): ``make twin-test`` sets 1, ``make test`` 0,
+    where they run in process, or the Flower-only part is left out."""
+    return os.environ.get("FEDPERS_FLOWER_TWINS", "1") != "0"
 
 
 def client_of(run: RunConfig, partition: int, state: RecordDict | None = None) -> Node:

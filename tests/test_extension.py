@@ -21,7 +21,7 @@ from fedpers.reports import read_rounds, read_summary
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayHead
 from fedpers.strategies import build_strategy
-from tests.helpers import InProcessGrid, run_config
+from tests.helpers import InProcessGrid, run_config, twins_through_flower
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "server_momentum"
 NAME = "fedavgm-example"
@@ -106,9 +106,15 @@ def test_server_momentum_through_the_in_process_grid(installed: Path) -> None:
 
 
 @pytest.mark.flower
+@pytest.mark.twin
 def test_server_momentum_through_flwr_run(
     installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead
 ) -> None:
+    if not twins_through_flower():
+        pytest.skip(
+            "make twin-test sends the example through flwr run; in process: "
+            "test_the_docs_run_of_the_example_learns_well_above_chance"
+        )
     # The ServerApp and every ClientApp process find the extension the way an installed
     # package is found: its dist-info on the path of the processes Flower starts (a
     # SuperLink of its own, started with it; Flower hands the simulation's path on to

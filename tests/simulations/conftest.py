@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 import sys
 import threading
@@ -48,6 +47,7 @@ from fedpers.simulations import launch
 from fedpers.simulations.inprocess import InProcessSimulation
 from fedpers.simulations.launch import LocalSimulation, processes_with_home
 from fedpers.simulations.ray_cluster import RayHead
+from tests.helpers import twins_through_flower
 
 
 @pytest.fixture(scope="session")
@@ -125,12 +125,6 @@ def first_run_through_flower(simulation: LocalSimulation) -> Iterator[list[tuple
     kind = functools.partial(FirstRunThroughFlower, simulation, claim=threading.Lock(), twins=twins)
     with simulations_in_process(kind):
         yield twins
-
-
-def twins_through_flower() -> bool:
-    """Whether a script's first run also goes through a real ``flwr run``
-    (``FEDPERS_FLOWER_TWINS``, default yes; ``make test`` sets 0, ``make twin-test`` 1)."""
-    return os.environ.get("FEDPERS_FLOWER_TWINS", "1") != "0"
 
 
 @contextlib.contextmanager
