@@ -32,7 +32,7 @@ import numpy as np
 
 from fedpers.aggregation import Aggregation
 from fedpers.reports import read_rounds, read_summary
-from fedpers.results import final_mean
+from fedpers.results import RoundRecord, final_mean
 from fedpers.strategies.rounds import ROLLED_BACK_TO
 
 CLIENTS = 10
@@ -145,7 +145,7 @@ def summarize(
         part["per_seed"].setdefault(aggregation, []).append(accuracy)
         rounds = part["rounds"]
         rounds[aggregation] = min(rounds.get(aggregation, completed), completed)
-        back = sum(ROLLED_BACK_TO in r.server for r in records)
+        back = went_back(records)
         part["went_back"][aggregation] = max(part["went_back"].get(aggregation, 0), back)
         folders[(row, attack, aggregation, seed)] = directory
     for row, entry in table.items():
@@ -195,6 +195,12 @@ def section(table: Mapping[str, Mapping[str, Any]], scale: float) -> list[str]:
         "",
         markdown_table(["row", "attack", *aggregations], rows),
     ]
+
+
+def went_back(records: Sequence[RoundRecord]) -> int:
+    """The rounds of a run that went back to an earlier state (every answer refused:
+    ``server.rolled-back-to`` in ``rounds.jsonl``)."""
+    return sum(ROLLED_BACK_TO in r.server for r in records)
 
 
 def _moved(clean: Path | None, attacked: Path | None) -> bool:

@@ -72,7 +72,6 @@ from fedpers.simulations.launch import FlowerRunError, LocalSimulation
 from fedpers.simulations.runs import prepare_output, run_in_process_pool, validate_runs
 from fedpers.simulations.stats import add_statistics
 from fedpers.simulations.tables import markdown_table
-from fedpers.strategies.rounds import ROLLED_BACK_TO
 
 # Kinds of malformed replies: the faulty reply must be left out with a reason
 MALFORMED = (
@@ -646,7 +645,7 @@ def _attack_table(
         entry = table.setdefault(str(replies), {}).setdefault(algorithm, {})
         folder = Path(overrides["results-dir"]) / overrides["run-name"]
         records = read_rounds(folder) if (folder / "rounds.jsonl").exists() else []
-        if back := sum(ROLLED_BACK_TO in r.server for r in records):
+        if back := exchange_attacks.went_back(records):
             went_back = entry.setdefault("went_back", {}).setdefault(attack, {})
             went_back.setdefault(aggregation, {})[str(overrides["seed"])] = back
         if directory is not None:

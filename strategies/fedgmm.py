@@ -252,7 +252,6 @@ class FedGMM(FedEM):
         the round's components and replies, so a patient attacker compounds them (a
         component's variance grew from 5e4 to 4e20 in six rounds, one client of four,
         under every per-round bound); this bound does not move with the state."""
-        self.components_kept = 0
         if self.anchor is None:
             return new
         center, reach = self.anchor
