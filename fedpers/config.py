@@ -184,6 +184,12 @@ class DataSettings:
         f"the transforms of `joint-shift`: {', '.join(TRANSFORMS)}, combined with `+`",
     )
     shift_fraction: float = setting(0.5, "share of the samples that `joint-shift` transforms")
+    feature_shift: float = setting(
+        0.0,
+        "a feature shift (FedBN's setting): each client's inputs x become a x + b, its own "
+        "contrast a = exp(s z1) and brightness b = s z2 (z1, z2 standard normal, drawn per "
+        "client), for s = this value; 0: none",
+    )
 
     def check(self) -> None:
         at_least("num-clients", self.num_clients, 1)
@@ -191,6 +197,7 @@ class DataSettings:
         positive("dirichlet-alpha", self.dirichlet_alpha)
         at_least("lognormal-sigma", self.lognormal_sigma, 0.0)
         within("shift-fraction", self.shift_fraction, "[0, 1]")
+        within("feature-shift", self.feature_shift, "[0, 3]")
         try:
             parse_transforms(self.shift_transforms)
         except ValueError as error:

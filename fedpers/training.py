@@ -930,12 +930,17 @@ def train(
     plan = Plan.draw(
         data.counts, epochs, settings.batch_size, generators, augment=augment, extra=extra
     )
+    normalized = stack.has_batch_statistics
+    if normalized:
+        plan.sizes[plan.sizes == 1] = 0  # BatchNorm cannot normalize one sample: skipped
     masks = DropoutMasks(stack, seeds, data.x[0]) if stack.has_dropout else None
     descent = Descent(stack, names, settings, correction, max_grad_norm, clip_groups)
     record = LastEpochLoss(stack.size)
     try:
         with training_mode(stack.template, True):
             for s in range(len(plan)):
+                if normalized and not plan.sizes[s].any():
+                    continue  # a step no client takes (a BatchNorm model's one-sample batch)
                 batch = plan.batch(s, data, sample_weights=sample_weights, augment=augment)
                 if masks is not None:
                     batch.masks = masks.draw(batch.sizes, batch.x.shape[1], batch.x)

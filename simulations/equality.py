@@ -102,6 +102,8 @@ def case(row: str) -> dict[str, Any]:
             base["sheaf-latent-dims"] = ",".join(["16"] * 6)
     else:
         base = dict(PERSONALIZED)
+        if name == "fedbn":  # it needs BatchNorm layers to keep
+            base["model"] = "mnist1d-mlp-bn"
     rounds = 2 if spec.keeps_state or strategy != algorithms.AlgorithmSpec.strategy else 1
     return {**base, "algorithm": name, "num-rounds": rounds}
 

@@ -82,6 +82,8 @@ class DataConfig(Protocol):
     @property
     def shift_fraction(self) -> float: ...
     @property
+    def feature_shift(self) -> float: ...
+    @property
     def family(self) -> Any: ...  # its FamilySpec (fedpers.families): its pilot_split
     def group(self, cls: type[_G]) -> _G: ...
 
@@ -178,9 +180,33 @@ def client_data(
     run reports validation figures; the test samples are then not returned at all.
     """
     data = _client_data(config, partition_id, transforms=transforms)
+    if config.feature_shift:
+        data = feature_shifted(data, config.feature_shift, config.seed, partition_id)
     if str(config.evaluate_split) == "validation":
         return for_validation(data, DataKey.of(config).seed, partition_id)
     return data
+
+
+def feature_shifted(data: ClientData, strength: float, seed: int, partition_id: int) -> ClientData:
+    """The client's inputs, every split alike, under its own affine map ``a x + b``:
+    contrast ``a = exp(strength z1)`` and brightness ``b = strength z2``, ``z1, z2``
+    standard normal drawn from the client's own stream (run-config ``feature-shift``, the
+    covariate shift of FedBN's experiments: ``P(x)`` differs between clients, ``P(y | x)``
+    does not up to the map). Labels are unchanged."""
+    z1, z2 = rng(seed, "feature-shift", partition_id).standard_normal(2)
+    a, b = np.float32(np.exp(strength * z1)), np.float32(strength * z2)
+
+    def mapped(x: np.ndarray) -> np.ndarray:
+        return (a * x + b).astype(x.dtype) if len(x) else x
+
+    return ClientData(
+        mapped(data.x_train),
+        data.y_train,
+        mapped(data.x_test),
+        data.y_test,
+        mapped(data.x_val),
+        data.y_val,
+    )
 
 
 def for_validation(data: ClientData, seed: int, partition_id: int) -> ClientData:

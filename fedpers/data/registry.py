@@ -147,8 +147,15 @@ MODEL_INPUTS: dict[str, tuple[int, ...] | None] = {
     "mnist1d-mlp": (40,),
     "digits-mlp": (64,),
     "femnist-mlp": (1, 28, 28),
+    "mnist1d-mlp-bn": (40,),
+    "digits-mlp-bn": (64,),
+    "femnist-mlp-bn": (1, 28, 28),
     "cifar10-cnn": (3, 32, 32),
     "cifar100-cnn": (3, 32, 32),
     "logistic": None,  # any input, flattened
     "linear": None,  # any vector input
 }
+BUILT_IN_MODELS = frozenset(MODEL_INPUTS)  # before any extension registers its own
+# The built-in models with BatchNorm layers (FedBN keeps them on the device): a server
+# that never imports torch knows them by name.
+BATCH_NORM_MODELS = frozenset({"mnist1d-mlp-bn", "digits-mlp-bn", "femnist-mlp-bn"})

@@ -35,12 +35,21 @@ class SplitModel(nn.Module):
         return self.head(self.body(x))
 
 
-def mlp(sizes: list[int], *, final_activation: bool = True, dropout: float = 0.0) -> nn.Sequential:
-    """Linear layers of the given sizes with ReLU between them."""
+def mlp(
+    sizes: list[int],
+    *,
+    final_activation: bool = True,
+    dropout: float = 0.0,
+    batch_norm: bool = False,
+) -> nn.Sequential:
+    """Linear layers of the given sizes with ReLU between them (with ``batch_norm``, a
+    ``BatchNorm1d`` between each such layer and its ReLU, as FedBN's models have)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(sizes) - 2 or final_activation:
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(fan_out))
             layers.append(nn.ReLU())
     if dropout > 0:
         layers.append(nn.Dropout(dropout))
@@ -60,10 +69,28 @@ def _digits_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(mlp([64, 128, 64]), nn.Linear(64, num_classes))
 
 
+def _mnist1d_mlp_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The MNIST-1D MLP with BatchNorm after each hidden layer (FedBN's rows)."""
+    return SplitModel(mlp([40, 128, 64], batch_norm=True), nn.Linear(64, num_classes))
+
+
+def _digits_mlp_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The digits MLP with BatchNorm after each hidden layer (FedBN's rows)."""
+    return SplitModel(mlp([64, 128, 64], batch_norm=True), nn.Linear(64, num_classes))
+
+
 def _femnist_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """FedRep's FEMNIST MLP 784-512-256-64 | 64-C (plain logits: no softmax before CE)."""
     return SplitModel(
         nn.Sequential(nn.Flatten(), mlp([784, 512, 256, 64])), nn.Linear(64, num_classes)
+    )
+
+
+def _femnist_mlp_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """FedRep's FEMNIST MLP with BatchNorm after each hidden layer (FedBN's rows)."""
+    return SplitModel(
+        nn.Sequential(nn.Flatten(), mlp([784, 512, 256, 64], batch_norm=True)),
+        nn.Linear(64, num_classes),
     )
 
 
@@ -100,6 +127,9 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "mnist1d-mlp": _mnist1d_mlp,
     "digits-mlp": _digits_mlp,
     "femnist-mlp": _femnist_mlp,
+    "mnist1d-mlp-bn": _mnist1d_mlp_bn,
+    "digits-mlp-bn": _digits_mlp_bn,
+    "femnist-mlp-bn": _femnist_mlp_bn,
     "cifar10-cnn": _cifar10_cnn,
     "cifar100-cnn": _cifar100_cnn,
 }
