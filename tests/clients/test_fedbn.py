@@ -126,7 +126,7 @@ def test_three_rounds_of_fedbn_average_all_but_the_batch_norm_layers() -> None:
 
 
 def test_fedbn_refuses_a_built_in_model_without_batch_norm() -> None:
-    from simulations.grid import run_config
+    from fedpers.simulations.grid import run_config
 
     with pytest.raises(ConfigError, match="model = 'digits-mlp' has none: choose model = one"):
         RunConfig.from_mapping(run_config(algorithm="fedbn", dataset="digits"))
@@ -160,7 +160,7 @@ def test_a_batch_norm_model_skips_a_one_sample_batch() -> None:
 def test_feature_shift_maps_each_client_by_its_own_contrast_and_brightness() -> None:
     """Every split of a client under one map ``a x + b`` (the same for all its samples),
     its own per client; 0 leaves the data as it is; labels never move."""
-    from simulations.grid import run_config
+    from fedpers.simulations.grid import run_config
 
     plain = RunConfig.from_mapping(run_config(dataset="digits"))
     shifted = RunConfig.from_mapping(run_config(dataset="digits", feature_shift=1.0))
