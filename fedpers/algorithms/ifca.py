@@ -14,10 +14,10 @@ was. A client is tested with the model it chooses with the final models, on its
 training samples (an unseen client on its adaptation split): nothing is kept on the
 device between rounds.
 
-On the wire it is FedEM's exchange: the replies carry all k models (the untrained ones
-as received) and ``gamma_c``, here one-hot: all of the client's samples on ``j``. The
-paper's client sends back only model ``j`` and ``j``; fedpers' replies are k times
-that, so that the server screens IFCA's replies as FedEM's.
+On the wire a reply carries what the paper's client sends back: model ``j`` alone, and
+FedEM's ``gamma_c``, here one-hot (all of the client's samples on ``j``), which names
+``j``. The server (``strategies/ifca.py``) completes it with the other k - 1 models as
+it sent them, then screens and averages it as FedEM's exchange.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def one_hot(j: int, k: int) -> np.ndarray:
 
 
 def fit(cohort: Cohort) -> list[Reply]:
-    """Each member's choice of model, then that model's epochs; replies every model and
-    the one-hot ``gamma_c``."""
+    """Each member's choice of model, then that model's epochs; replies that model and
+    the one-hot ``gamma_c`` that names it."""
     from fedpers import mixture_update
     from fedpers.families import mixture
 
@@ -69,9 +69,7 @@ def fit(cohort: Cohort) -> list[Reply]:
     for c, (lp, d, j) in enumerate(zip(every, local.data, chosen, strict=True)):
         n = len(d.y_train)
         learners = {
-            mixture.learner_prefix(m) + name: value
-            for m in range(k)
-            for name, value in trained[c * k + m].items()
+            mixture.learner_prefix(j) + name: value for name, value in trained[c * k + j].items()
         }
         gamma = np.zeros((1, k))
         gamma[0, j] = n

@@ -127,3 +127,50 @@ def test_a_reply_that_spreads_its_samples_over_models_is_left_out() -> None:
     assert strategy.one_choice_defect(reply([0.0, 30.0, 0.0])) is None
     assert "over 2 models" in strategy.one_choice_defect(reply([29.0, 1e-300, 0.0]))
     assert "over 3 models" in strategy.one_choice_defect(reply([10.0, 10.0, 10.0]))
+
+
+def test_a_reply_carries_the_one_model_it_trained_and_the_server_completes_it() -> None:
+    """The client sends back model j alone and gamma naming j (the paper's reply, 1/k of
+    FedEM's); the server adds the other models as it sent them. A reply whose model is
+    not the one its gamma names is not completed, and the arrays check refuses it."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    from fedpers import protocol
+    from fedpers.strategies import build_strategy
+    from tests.helpers import client_of, run_config
+
+    run = RunConfig.from_mapping(run_config(algorithm="ifca", dataset="digits", mixture_learners=K))
+    node = client_of(run, 0)
+    sent = {**node.initial_arrays(), MIXTURE_WEIGHTS: np.full((1, K), 1 / K)}
+    arrays, metrics = node.fit(sent, ConfigRecord({protocol.EPOCHS: 1, protocol.LR: 0.1}))
+    (j,) = np.flatnonzero(arrays[GAMMA].sum(axis=0))
+    assert {name.split(".", 1)[0] for name in arrays} - {GAMMA} == {learner_prefix(j)[:-1]}
+    strategy = build_strategy(run)
+    strategy.current = ArrayRecord({n: Array(np.asarray(v)) for n, v in sent.items()})
+
+    def reply(carried: dict[str, np.ndarray]) -> Message:
+        content = RecordDict(
+            {
+                protocol.ARRAYS: ArrayRecord({n: Array(np.asarray(v)) for n, v in carried.items()}),
+                protocol.METRICS: MetricRecord(
+                    {protocol.NUM_EXAMPLES: metrics[protocol.NUM_EXAMPLES]}
+                ),
+            }
+        )
+        return Message(content=content, dst_node_id=1, message_type="train")
+
+    done = strategy.completed(reply(arrays)).content.array_records[protocol.ARRAYS]
+    learners = {n for n in sent if n != MIXTURE_WEIGHTS}
+    assert set(done) == learners | {GAMMA}
+    for name in learners:
+        expected = arrays[name] if name.startswith(learner_prefix(j)) else sent[name]
+        np.testing.assert_array_equal(done[name].numpy(), expected)
+    # gamma naming another model than the one carried: left as it came, and refused
+    other = (j + 1) % K
+    moved = {n.replace(learner_prefix(j), learner_prefix(other), 1): v for n, v in arrays.items()}
+    wrong = strategy.completed(reply(moved))
+    assert set(wrong.content.array_records[protocol.ARRAYS]) == set(moved)
+    strategy.sent_arrays = {
+        n: (np.asarray(v).shape, str(np.asarray(v).dtype)) for n, v in sent.items()
+    }
+    assert "missing" in (strategy.arrays_check(wrong) or "")
