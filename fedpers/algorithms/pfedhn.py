@@ -186,7 +186,10 @@ ROWS = (
         shared=MODEL_PARTS,
         strategy="fedpers.strategies.pfedhn:PFedHN",
         settings=(PFedHNSettings,),
-        checks=(personalized.refuses_dp("whose server trains a hypernetwork on the updates"),),
+        checks=(
+            personalized.refuses_dp("whose server trains a hypernetwork on the updates"),
+            personalized.refuses_batch_norm("its hypernetwork generates every array of the model"),
+        ),
         wire=(PREFIX, MODEL),
         personal_state=False,  # the server generates each client's model
         paper="Shamsian et al., ICML 2021",

@@ -163,6 +163,9 @@ def evaluate(cohort: Cohort) -> list[Metrics]:
 
 
 _DP = personalized.refuses_dp("whose control variates travel with the model")
+_BATCH_NORM = personalized.refuses_batch_norm(
+    "its control variates are (x - y) / (K lr) of every array of the model"
+)
 
 ROWS = (
     AlgorithmSpec(
@@ -171,7 +174,7 @@ ROWS = (
         shared=MODEL_PARTS,
         strategy="fedpers.strategies.scaffold:Scaffold",
         settings=(ScaffoldSettings,),
-        checks=(_DP,),
+        checks=(_DP, _BATCH_NORM),
         wire=(CONTROL,),
         personal_state=True,  # c_i
         paper="Karimireddy et al., ICML 2020",
@@ -182,7 +185,7 @@ ROWS = (
         shared=MODEL_PARTS,
         strategy="fedpers.strategies.scaffold:Scaffold",
         settings=(ScaffoldSettings,),
-        checks=(_DP,),
+        checks=(_DP, _BATCH_NORM),
         wire=(CONTROL,),
         personal_state=True,
         final_test=FinalTest.FINETUNE,

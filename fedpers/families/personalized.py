@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedpers import families, protocol, server_step
+from fedpers.data.registry import BATCH_NORM_MODELS
 from fedpers.families import RunSummary
 from fedpers.privacy import DpMode, PrivacySettings
 from fedpers.protocol import FinalTestResult, UnseenTest
@@ -50,6 +51,22 @@ def refuses_dp(why: str) -> Callable[[RunConfig], None]:
             raise ConfigError(
                 f"run-config key 'dp' = '{dp}' does not cover '{run.algorithm}', {why}: "
                 "set dp = 'none', or choose another algorithm."
+            )
+
+    return check
+
+
+def refuses_batch_norm(why: str) -> Callable[[RunConfig], None]:
+    """A row's check: it cannot take a model with BatchNorm layers (``why``: what of its
+    update covers every array of the model), so such a built-in model is refused before
+    anything starts."""
+
+    def check(run: RunConfig) -> None:
+        if run.model_name in BATCH_NORM_MODELS:
+            raise ConfigError(
+                f"algorithm '{run.algorithm}' does not take model = '{run.model_name}', whose "
+                f"BatchNorm layers hold running statistics and an integer step count: {why}; "
+                "choose a model without BatchNorm layers (model = 'auto')."
             )
 
     return check

@@ -8,6 +8,8 @@ client's BatchNorm layers kept from one of its rounds to the next."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from fedpers.config import RunConfig
 from fedpers.data.client import ClientData, client_data, feature_shifted
 from fedpers.models import build_model
 from fedpers.settings import ConfigError
+from fedpers.simulations.fedrep_images import methods as fedrep_images_methods
 from fedpers.training import SGDSettings, Stack, train
 from tests.clients.test_fedprox import _largest_gap, tiny_rounds, training_tensors
 
@@ -179,3 +182,42 @@ def test_feature_shift_maps_each_client_by_its_own_contrast_and_brightness() -> 
     same = feature_shifted(data, 0.0, 0, 0)
     assert isinstance(same, ClientData)
     np.testing.assert_array_equal(same.x_train, data.x_train)
+
+
+REFUSE_BATCH_NORM = ("scaffold", "scaffold-ft", "pfedhn")
+
+
+@pytest.mark.parametrize("algorithm", fedrep_images_methods())
+def test_every_row_runs_with_a_batch_norm_model_or_is_refused_before_start(
+    algorithm: str, tmp_path
+) -> None:
+    """Two rounds of 6 generated MNIST-1D clients with ``mnist1d-mlp-bn`` in process:
+    every personalized and mixture row trains and evaluates (no reply refused), except
+    those whose update covers every array of the model, which are refused by the
+    configuration, naming the fix, before anything starts."""
+    from fedpers.simulations.inprocess import run_in_process
+
+    overrides = {
+        "algorithm": algorithm,
+        "model": "mnist1d-mlp-bn",
+        "num-clients": 6,
+        "fraction-train": 0.5,
+        "num-rounds": 2,
+        "samples-per-client": 40,
+        "partitioner": "generated",
+        "epochs": 1,
+        "head-epochs": 1,
+        "final-rounds": 1,
+        "results-dir": str(tmp_path),
+        "run-name": "r",
+    }
+    if algorithm in REFUSE_BATCH_NORM:
+        with pytest.raises(ConfigError, match="choose a model without BatchNorm layers"):
+            run_in_process(overrides)
+        assert not (tmp_path / "r").exists()
+        return
+    directory = run_in_process(overrides)
+    rounds = [json.loads(line) for line in (directory / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == 2
+    assert all(not r["rejections"] and r["replies"] == r["sampled"] for r in rounds)
+    assert np.isfinite(json.loads((directory / "summary.json").read_text())["final_accuracy"])
