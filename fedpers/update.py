@@ -161,15 +161,17 @@ class Personalized(Local):
             run.model_name, run.num_classes, int_seed(run.seed, "model"), run.input_shape
         )
 
-    def received(self) -> list[Arrays]:
-        """Each member's shared arrays; exactly the row's shared parts must be there.
+    def received(self, expected: set[str] | None = None) -> list[Arrays]:
+        """Each member's shared arrays; exactly ``expected`` must be there (by default
+        the row's shared parts).
 
         Raises
         ------
         ValueError
             Naming the arrays expected and those received.
         """
-        expected = {n for n in self.model.state_dict() if n.split(".", 1)[0] in self.shared}
+        if expected is None:
+            expected = {n for n in self.model.state_dict() if n.split(".", 1)[0] in self.shared}
         for member in self.members:
             if set(member.arrays) != expected:
                 raise ValueError(

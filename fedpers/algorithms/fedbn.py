@@ -78,22 +78,10 @@ def local_names(model: nn.Module) -> set[str]:
 
 
 def _global_arrays(local: Personalized) -> list[Arrays]:
-    """Each member's arrays from the server: exactly the model's non-BatchNorm entries.
-
-    Raises
-    ------
-    ValueError
-        Naming the arrays expected and those received.
-    """
+    """Each member's arrays from the server: exactly the model's non-BatchNorm entries
+    (``Personalized.received``)."""
     keep = local_names(local.model)
-    expected = {n for n in local.model.state_dict() if n not in keep}
-    for member in local.members:
-        if set(member.arrays) != expected:
-            raise ValueError(
-                f"fedbn client expected shared arrays {sorted(expected)}, "
-                f"received {sorted(member.arrays)}"
-            )
-    return [m.arrays for m in local.members]
+    return local.received({n for n in local.model.state_dict() if n not in keep})
 
 
 def fit(cohort: Cohort) -> list[Reply]:
