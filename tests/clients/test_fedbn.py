@@ -187,6 +187,7 @@ def test_feature_shift_maps_each_client_by_its_own_contrast_and_brightness() -> 
 REFUSE_BATCH_NORM = ("scaffold", "scaffold-ft", "pfedhn")
 
 
+@pytest.mark.long  # 35 runs in process, 20 worker-seconds: make test, not make check
 @pytest.mark.parametrize("algorithm", fedrep_images_methods())
 def test_every_row_runs_with_a_batch_norm_model_or_is_refused_before_start(
     algorithm: str, tmp_path
