@@ -33,6 +33,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from fedpers import algorithms
+from fedpers.simulations.fedrep_images import NEEDS_BATCH_NORM
 from fedpers.simulations.inprocess import InProcessSimulation
 
 TOLERANCE = 1e-5  # relative, float64
@@ -102,7 +103,7 @@ def case(row: str) -> dict[str, Any]:
             base["sheaf-latent-dims"] = ",".join(["16"] * 6)
     else:
         base = dict(PERSONALIZED)
-        if name == "fedbn":  # it needs BatchNorm layers to keep
+        if name in NEEDS_BATCH_NORM:  # it needs BatchNorm layers to keep
             base["model"] = "mnist1d-mlp-bn"
     rounds = 2 if spec.keeps_state or strategy != algorithms.AlgorithmSpec.strategy else 1
     return {**base, "algorithm": name, "num-rounds": rounds}

@@ -77,10 +77,9 @@ def local_names(model: nn.Module) -> set[str]:
     return names
 
 
-def _global_arrays(local: Personalized) -> list[Arrays]:
-    """Each member's arrays from the server: exactly the model's non-BatchNorm entries
-    (``Personalized.received``)."""
-    keep = local_names(local.model)
+def _global_arrays(local: Personalized, keep: set[str]) -> list[Arrays]:
+    """Each member's arrays from the server: exactly the model's entries outside
+    ``keep``, its BatchNorm layers (``Personalized.received``)."""
     return local.received({n for n in local.model.state_dict() if n not in keep})
 
 
@@ -91,9 +90,9 @@ def fit(cohort: Cohort) -> list[Reply]:
     from fedpers import update
 
     local = update.Personalized(cohort)
-    stack = local.models(_global_arrays(local))
-    stats = local.train_phases(stack)
     keep = local_names(local.model)
+    stack = local.models(_global_arrays(local, keep))
+    stats = local.train_phases(stack)
     whole = stack.arrays(MODEL_PARTS)
     for member, arrays in zip(local.members, whole, strict=True):
         own = {n: a for n, a in arrays.items() if n in keep}
@@ -107,7 +106,7 @@ def evaluate(cohort: Cohort) -> list[Metrics]:
     from fedpers import update
 
     local = update.Personalized(cohort)
-    return local.evaluate(local.models(_global_arrays(local)))
+    return local.evaluate(local.models(_global_arrays(local, local_names(local.model))))
 
 
 def initial_arrays(cohort: Cohort) -> Arrays:
