@@ -49,6 +49,7 @@ from fedpers.settings import (
     ConfigError,
     at_least,
     check_group,
+    finite,
     positive,
     setting,
     step_size,
@@ -303,6 +304,12 @@ class EngineSettings:
     cohort_size: int = setting(
         1024, "batched: the most clients of one computation (memory grows with it)"
     )
+    cohort_mb: float = setting(
+        256.0,
+        "batched: the most megabytes of arrays sent to one computation's clients, a "
+        "cohort cut at whichever of this and cohort-size comes first (a mixture's "
+        "learners or an image model fill it with few clients)",
+    )
     engine_workers: int = setting(
         0,
         "batched: Ray actors the cohorts are sharded over (0: in the script's process; "
@@ -314,6 +321,7 @@ class EngineSettings:
 
     def check(self) -> None:
         at_least("cohort-size", self.cohort_size, 1)
+        finite("cohort-mb", self.cohort_mb, 0.0, strict=True)
         at_least("engine-workers", self.engine_workers, 0)
         at_least("engine-threads", self.engine_threads, 0)
 

@@ -2,7 +2,8 @@
 
 The ServerApp and its strategy are unchanged: they push a round's messages through
 Flower's Grid interface as on any engine. ``BatchedGrid`` groups the messages of one
-push by type, run and settings and hands each group, in chunks of ``cohort_size``, to
+push by type, run and settings and hands each group, in chunks of at most
+``cohort_size`` clients and ``cohort_mb`` megabytes of arrays sent (``chunks``), to
 the ClientApp's cohort handlers (``clients.client_app.train_cohort`` and
 ``evaluate_cohort``): one computation for the whole chunk (``fedpers.training``), with
 everything a device does per message (its state, its fault injection, its privacy
@@ -28,12 +29,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
 from fedpers.clients import client_app
 from fedpers.simulations.grid import InProcessGrid
 
 COHORT_SIZE = 1024  # clients of one computation: memory grows with it, speed saturates
+# Megabytes of arrays sent to one computation's clients. A cohort's memory is a few times
+# what it was sent (its models stacked, their gradients and momentum): a mixture's
+# learners or an image model reach it with a few clients (IFCA's 20 Fashion-MNIST MLPs,
+# 44 MB a client, took 18 GB as one cohort of 100), a small MLP's 1,024 clients do not.
+COHORT_MB = 256
 
 
 class BatchedGrid(InProcessGrid):
@@ -47,6 +53,9 @@ class BatchedGrid(InProcessGrid):
         Nodes with partition ids ``0..num_nodes-1`` (node ids scrambled).
     cohort_size : int (default: COHORT_SIZE)
         The most clients of one computation (1: every client alone, the per-client path).
+    cohort_mb : float (default: COHORT_MB)
+        The most megabytes of arrays sent to one computation's clients (a client alone
+        may exceed it).
     threads : int, optional
         Torch threads of the computations (default: as torch has them).
     dtype : str, optional
@@ -69,6 +78,7 @@ class BatchedGrid(InProcessGrid):
         num_nodes: int,
         *,
         cohort_size: int = COHORT_SIZE,
+        cohort_mb: float = COHORT_MB,
         threads: int | None = None,
         dtype: str | None = None,
         workers: int = 0,
@@ -79,7 +89,10 @@ class BatchedGrid(InProcessGrid):
         super().__init__(client_app.app, run_config, 0, fail=fail, keep_sent=keep_sent)
         if cohort_size < 1:
             raise ValueError(f"cohort_size {cohort_size}: at least 1")
+        if not cohort_mb > 0:
+            raise ValueError(f"cohort_mb {cohort_mb}: more than 0")
         self.cohort_size = cohort_size
+        self.cohort_bytes = cohort_mb * 2**20
         self.dtype = dtype
         self.nodes = [self.node_of(p) for p in range(num_nodes)]
         self.partition_of = {node: p for p, node in enumerate(self.nodes)}
@@ -90,6 +103,7 @@ class BatchedGrid(InProcessGrid):
                 num_nodes,
                 workers,
                 cohort_size=cohort_size,
+                cohort_mb=cohort_mb,
                 threads=threads,
                 dtype=dtype,
             )
@@ -144,9 +158,9 @@ class BatchedGrid(InProcessGrid):
         return ids
 
     def run(self, messages: list[Message]) -> None:
-        """Run ``messages`` (each to a node held here), TRAIN and EVALUATE as cohorts of
-        at most ``cohort_size``, any other alone; each reply waits in ``pending`` under
-        its message's id."""
+        """Run ``messages`` (each to a node held here), TRAIN and EVALUATE as cohorts
+        (``chunks``), any other alone; each reply waits in ``pending`` under its
+        message's id."""
         cohorts: dict[str, list[Message]] = {MessageType.TRAIN: [], MessageType.EVALUATE: []}
         for message in messages:
             if message.metadata.message_type in cohorts:
@@ -158,8 +172,7 @@ class BatchedGrid(InProcessGrid):
             MessageType.EVALUATE: client_app.evaluate_cohort,
         }
         for kind, batch in cohorts.items():
-            for start in range(0, len(batch), self.cohort_size):
-                chunk = batch[start : start + self.cohort_size]
+            for chunk in chunks(batch, self.cohort_size, self.cohort_bytes):
                 pairs = [(m, self.contexts[m.metadata.dst_node_id]) for m in chunk]
                 results = handlers[kind](pairs, threads=self.threads, dtype=self.dtype)
                 for message, result in zip(chunk, results, strict=True):
@@ -207,6 +220,7 @@ class Shard:
         partitions: Sequence[int],
         *,
         cohort_size: int,
+        cohort_mb: float,
         threads: int,
         dtype: str | None,
     ) -> None:
@@ -217,6 +231,7 @@ class Shard:
             run_config,
             num_nodes,
             cohort_size=cohort_size,
+            cohort_mb=cohort_mb,
             threads=threads,
             dtype=dtype,
             partitions=partitions,
@@ -242,12 +257,41 @@ def _own_ray_directory() -> Path:
     return ray_directory(work_directory(), f"b{os.getpid()}")
 
 
+def sent_bytes(message: Message) -> int:
+    """The bytes of the arrays ``message`` carries (what its client's models are made
+    from)."""
+    return sum(
+        len(array.data)
+        for record in message.content.values()
+        if isinstance(record, ArrayRecord)
+        for array in record.values()
+    )
+
+
+def chunks(batch: Sequence[Message], size: int, budget: float) -> Iterable[list[Message]]:
+    """``batch`` cut, in order, into runs of at most ``size`` messages whose arrays
+    (``sent_bytes``) total at most ``budget`` bytes; a message beyond the budget alone
+    is a run of its own."""
+    chunk: list[Message] = []
+    total = 0
+    for message in batch:
+        held = sent_bytes(message)
+        if chunk and (len(chunk) == size or total + held > budget):
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(message)
+        total += held
+    if chunk:
+        yield chunk
+
+
 def start_shards(
     run_config: Mapping[str, Any],
     num_nodes: int,
     workers: int,
     *,
     cohort_size: int,
+    cohort_mb: float,
     threads: int | None,
     dtype: str | None,
 ) -> list[Any]:
@@ -276,6 +320,7 @@ def start_shards(
             num_nodes,
             list(range(index, num_nodes, workers)),
             cohort_size=cohort_size,
+            cohort_mb=cohort_mb,
             threads=cores,
             dtype=dtype,
         )

@@ -90,6 +90,7 @@ class InProcessSimulation:
 
             options = {
                 "cohort_size": config.cohort_size,
+                "cohort_mb": config.cohort_mb,
                 "threads": config.engine_threads or self.threads,
                 "workers": config.engine_workers,
                 "keep_sent": False,

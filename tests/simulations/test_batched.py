@@ -5,20 +5,24 @@ a run that asks for it elsewhere is refused; its Ray shards give what one proces
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import hypothesis.strategies as st
+import numpy as np
 import pytest
-from flwr.app import Context, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
+from hypothesis import given, settings
 
 from fedpers import protocol
 from fedpers.config import ConfigError
 from fedpers.reports import read_rounds, read_summary
 from fedpers.simulations import equality
-from fedpers.simulations.batched import BatchedGrid
+from fedpers.simulations.batched import BatchedGrid, chunks, sent_bytes
 from fedpers.simulations.inprocess import InProcessSimulation
 from fedpers.strategies import server_app
 from fedpers.strategies.rounds import RoundFailedError
@@ -216,3 +220,58 @@ def test_shards_on_a_ray_of_their_own_remove_its_folder(monkeypatch: pytest.Monk
     finally:
         grid.close()
     assert not folder.exists()
+
+
+def _sized(sizes: list[int]) -> list[Message]:
+    """Messages carrying ``sizes[i]`` bytes of arrays each (a uint8 array; none for 0)."""
+    messages = []
+    for size in sizes:
+        arrays = {"w": Array(np.zeros(size, np.uint8))} if size else {}
+        content = RecordDict({protocol.ARRAYS: ArrayRecord(arrays)})
+        messages.append(Message(content, dst_node_id=1, message_type=MessageType.TRAIN))
+    return messages
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 5_000), max_size=40),
+    size=st.integers(1, 8),
+    budget=st.integers(1, 20_000),
+)
+def test_a_cohort_is_cut_at_its_clients_or_its_bytes(
+    sizes: list[int], size: int, budget: int
+) -> None:
+    """Any batch: the chunks are the batch in order; each holds at most ``size``
+    messages and at most ``budget`` bytes of arrays unless it is one message alone; and
+    no chunk could have taken its successor's first message."""
+    batch = _sized(sizes)
+    cut = list(chunks(batch, size, budget))
+    assert [m for chunk in cut for m in chunk] == batch
+    held = [sum(sent_bytes(m) for m in chunk) for chunk in cut]
+    for chunk, total in zip(cut, held, strict=True):
+        assert chunk
+        assert len(chunk) <= size
+        assert total <= budget or len(chunk) == 1
+    for chunk, total, after in zip(cut, held, cut[1:], strict=False):
+        assert len(chunk) == size or total + sent_bytes(after[0]) > budget
+    assert [sent_bytes(m) for m in batch] == [_npy_bytes(s) if s else 0 for s in sizes]
+
+
+def _npy_bytes(size: int) -> int:
+    """What ``np.save`` writes for ``size`` uint8 values: an Array's bytes."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros(size, np.uint8), allow_pickle=False)
+    return len(buffer.getvalue())
+
+
+def test_a_cohort_cut_by_its_bytes_gives_what_one_cohort_gives(tmp_path: Path) -> None:
+    """IFCA (every learner sent to every client) with cohorts cut at 0.05 MB, a client
+    or two each, against one cohort: the same figures and states to 1e-5 (float64)."""
+    run = {**BASE, "algorithm": "ifca", "mixture-learners": 3, "run-name": "x"}
+    whole = equality.outcome(run, tmp_path / "whole", dtype="float64")
+    cut = equality.outcome(run, tmp_path / "cut", dtype="float64", cohort_mb=0.05)
+    assert equality.difference(whole, cut) < equality.TOLERANCE
+    swapped = equality.outcome(
+        {**run, "seed": 1}, tmp_path / "seed1", dtype="float64", cohort_mb=0.05
+    )
+    assert equality.difference(whole, swapped) > equality.TOLERANCE
