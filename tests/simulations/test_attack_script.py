@@ -85,6 +85,79 @@ def test_the_attack_finds_members_a_model_memorized_and_not_those_it_never_saw(
     assert abs(attack.attack_success(members, others)["auc"] - 0.5) < 4 * spread
 
 
+def _attacked_clients(directory: Path) -> list[tuple[object, object]]:
+    """For every client of the run in ``directory``: the attacker's model of the
+    released arrays and the client's data."""
+    from fedpers.config import RunConfig
+    from fedpers.data import client
+
+    config = RunConfig.from_mapping(json.loads((directory / "config.json").read_text()))
+    with np.load(directory / "final_arrays.npz") as stored:
+        released = {name: stored[name] for name in stored.files}
+    found = []
+    for partition in range(config.seen_clients):
+        data = client.client_data(config, partition)
+        found.append((attack._attacker_model(config, released, data), data))
+    return found
+
+
+def test_the_update_attack_scores_each_record_by_its_gradient_against_the_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random labels (so only members shape an update): each client's update, one
+    full-batch gradient step on its members, scores the 10 clients' members above
+    their non-members, beyond chance by more than four standard deviations of the
+    Mann-Whitney statistic under the null (measured AUC 0.582, 1,347 members and 450
+    non-members, 4 standard deviations 0.063: on these 8x8 images and a small model a
+    gradient's shared direction dominates); an update of Gaussian noise scores them as
+    chance, within four (measured 0.502). Each score equals the cosine computed record by
+    record with torch.autograd (to 1e-9)."""
+    import torch
+    from torch.nn import functional
+
+    _random_labels(monkeypatch)
+    scored: dict[str, list[np.ndarray]] = {"step": [], "noise": [], "others": [], "pure": []}
+    generator = np.random.default_rng(0)
+    for model, data in _attacked_clients(_released(tmp_path, "fedavg", 0)):
+        params = dict(model.named_parameters())
+        x = torch.as_tensor(data.x_train).double()
+        loss = functional.cross_entropy(model(x), torch.as_tensor(data.y_train))
+        steps = torch.autograd.grad(loss, list(params.values()))
+        update = {k: -0.1 * g.numpy() for k, g in zip(params, steps, strict=True)}
+        noise = {k: generator.normal(size=v.shape) for k, v in update.items()}
+        members = attack.gradient_cosines(model, update, data.x_train, data.y_train)
+        scored["step"].append(members)
+        scored["others"].append(attack.gradient_cosines(model, update, data.x_test, data.y_test))
+        scored["noise"].append(attack.gradient_cosines(model, noise, data.x_train, data.y_train))
+        scored["pure"].append(attack.gradient_cosines(model, noise, data.x_test, data.y_test))
+        flat = np.concatenate([v.ravel() for v in update.values()])
+        record = functional.cross_entropy(model(x[:1]), torch.as_tensor(data.y_train[:1]))
+        grads = torch.autograd.grad(record, list(params.values()))
+        g = np.concatenate([t.numpy().ravel() for t in grads])
+        expected = -g @ flat / (np.linalg.norm(g) * np.linalg.norm(flat))
+        assert members[0] == pytest.approx(expected, abs=1e-9)
+    joined = {k: np.concatenate(v) for k, v in scored.items()}
+    n, m = len(joined["step"]), len(joined["others"])
+    spread = math.sqrt((n + m + 1) / (12 * n * m))
+    assert attack.score_success(joined["step"], joined["others"])["auc"] > 0.5 + 4 * spread
+    assert abs(attack.score_success(joined["noise"], joined["pure"])["auc"] - 0.5) < 4 * spread
+
+
+def test_distributed_runs_take_the_noise_central_dp_calibrates_for_a_fixed_size_sample() -> None:
+    from fedpers import privacy
+
+    values = {**attack.SCRIPT, "num-rounds": 30}
+    keys = attack.mechanism("1", "fedavg", "distributed", values)
+    assert keys["dp"] == "distributed"
+    assert keys["dp-sampling"] == "without-replacement"
+    expected = privacy.calibrate(
+        1.0, privacy.DpSampling.WITHOUT_REPLACEMENT, 0.2, 100, 20.0, 30, 1e-5
+    )
+    assert keys["dp-noise-multiplier"] == pytest.approx(expected)
+    assert attack.mechanism("inf", "fedavg", "distributed", values) == {"dp": "none"}
+    assert attack.mechanism("1", "fedavg", "central", values)["dp"] == "central"
+
+
 def test_the_bound_is_the_hypothesis_testing_region_of_twice_epsilon() -> None:
     assert attack.advantage_bound(math.inf, 1e-5) == 1.0
     assert attack.advantage_bound(0.0, 0.0) == 0.0
@@ -105,6 +178,9 @@ def test_attack_quick(tmp_path: Path) -> None:
         success = attack.attack_success(*attack.record_losses(run))
         assert summary["attack_auc"]["fedavg"][epsilon] == pytest.approx(success["auc"])
         assert summary["attack_advantage"]["fedavg"][epsilon] == pytest.approx(success["advantage"])
+        # central DP noises the server's release, not the update: the update repeats
+        update = attack.score_success(*attack.update_scores(run, summary["update_targets"]))
+        assert summary["update_auc"]["fedavg"][epsilon] == pytest.approx(update["auc"])
     spent = summary["epsilon_spent"]["fedavg"]["2"]
     assert 1.9 < spent <= 2.0
     assert summary["advantage_bound"]["fedavg"]["2"] == pytest.approx(
