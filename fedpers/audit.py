@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
@@ -41,6 +41,7 @@ from scipy import stats
 CONFIDENCE = 0.95  # the audit's lower bound holds with this probability
 GUESS_FRACTION = 0.1  # guesses on each side: this fraction of the canaries (at least 1)
 EPSILON_CEILING = 50.0  # the search stops here: an audit this strong has found a broken run
+SEED_WORDS = 4  # 64-bit words of the secret seed of the canaries' directions
 
 
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -84,18 +85,62 @@ class CanaryAudit:
     scores: np.ndarray  # (m,) float64
     names: tuple[str, ...]  # the shared arrays, in the order of the flat vector
     rounds: int = 0
+    seed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the directions'
 
     @classmethod
     def plant(
         cls, count: int, reference: Mapping[str, np.ndarray], generator: np.random.Generator
     ) -> CanaryAudit:
         """``count`` canaries over the shared arrays ``reference`` (their shapes), from
-        ``generator`` (the run's secret one: the coins must not be guessable)."""
-        size = sum(int(a.size) for a in reference.values())
-        directions = generator.standard_normal((count, size), dtype=np.float32)
-        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        ``generator`` (the run's secret one: the coins must not be guessable). The
+        directions come from a secret seed drawn from it, so that a checkpoint keeps
+        them in 32 bytes (``state``)."""
+        seed = generator.integers(0, 2**63 - 1, size=SEED_WORDS, dtype=np.int64)
         included = generator.random(count) < 0.5
-        return cls(directions, included, np.zeros(count), tuple(reference))
+        directions = _directions(seed, count, reference)
+        return cls(directions, included, np.zeros(count), tuple(reference), seed=seed)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps of the audit: the directions' seed, the coins, the
+        scores, the rounds observed and the arrays' order (``restore``)."""
+        return {
+            "seed": self.seed.copy(),
+            "included": self.included.copy(),
+            "scores": self.scores.copy(),
+            "rounds": np.array(self.rounds, dtype=np.int64),
+            "names": np.array(self.names),
+        }
+
+    @classmethod
+    def restore(
+        cls, state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+    ) -> CanaryAudit:
+        """The audit ``state`` kept (a resumed run's), its directions drawn again from
+        its seed over ``reference``'s shapes.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` is not an audit's state over the arrays of ``reference``.
+        """
+        missing = sorted({"seed", "included", "scores", "rounds", "names"} - set(state))
+        if missing:
+            raise ValueError(f"the audit's state lacks {missing}")
+        names = tuple(str(n) for n in np.atleast_1d(state["names"]))
+        included = np.asarray(state["included"], dtype=bool)
+        scores = np.asarray(state["scores"], dtype=np.float64)
+        seed = np.asarray(state["seed"], dtype=np.int64)
+        if names != tuple(reference) or included.shape != scores.shape or included.ndim != 1:
+            raise ValueError(
+                f"the audit's state is over arrays {list(names)} with {included.shape} coins "
+                f"and {scores.shape} scores, not over {list(reference)}"
+            )
+        if seed.shape != (SEED_WORDS,) or not np.all(np.isfinite(scores)):
+            raise ValueError(
+                "the audit's state holds no seed of its directions or a score not finite"
+            )
+        directions = _directions(seed, len(included), reference)
+        return cls(directions, included, scores, names, int(state["rounds"]), seed=seed)
 
     def contribution(self, clip: float, rate: float, generator: np.random.Generator) -> np.ndarray:
         """The flat sum of this round's canary updates: each included canary sampled
@@ -127,6 +172,15 @@ class CanaryAudit:
             "confidence": CONFIDENCE,
             "epsilon_lower": epsilon_lower_bound(m, 2 * k, correct, delta),
         }
+
+
+def _directions(seed: np.ndarray, count: int, reference: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``count`` unit rows over the flat shared arrays of ``reference``, from ``seed``."""
+    size = sum(int(a.size) for a in reference.values())
+    generator = np.random.default_rng([int(word) for word in seed])
+    directions = generator.standard_normal((count, size), dtype=np.float32)
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    return directions
 
 
 def unflatten(flat: np.ndarray, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -47,6 +47,9 @@ TRAINED_KEY = "__trained__"  # (partition, round) rows
 DIGEST_KEY = "__digest__"
 ROUNDS_KEY = "__rounds__"  # the digest of rounds.jsonl's rounds up to the checkpoint's
 RESERVED = (ROUND_KEY, TOKEN_KEY, CONFIGURATION_KEY, TRAINED_KEY, DIGEST_KEY, ROUNDS_KEY)
+# The server's own state beyond the global arrays (a private run's audit canaries), stored
+# under this prefix: never sent to a node, never part of the model.
+SERVER_PREFIX = "__server."
 KEY_FILE = ".key"  # the run's secret key of its checkpoints' digests
 KEY_BYTES = 32
 
@@ -97,6 +100,9 @@ class Checkpoint:
         such round (at most ``round``): its device snapshot of that round was written.
     rounds : str
         ``fedpers.results.rounds_digest`` of ``rounds.jsonl``'s rounds 1..``round``.
+    server : dict of str to ndarray
+        The server's state that is not the global arrays (``SERVER_PREFIX`` in the
+        file): a private run's audit canaries (``FedpersStrategy.server_state``).
     """
 
     round: int
@@ -105,6 +111,7 @@ class Checkpoint:
     configuration: str
     trained: dict[int, int] = field(default_factory=dict)
     rounds: str = ""
+    server: dict[str, np.ndarray] = field(default_factory=dict)
 
     def digest(self, key: bytes) -> str:
         """HMAC-SHA256 under ``key`` of the round, the binding and every array (names,
@@ -119,8 +126,9 @@ class Checkpoint:
             self.rounds,
         ]
         h.update(json.dumps(binding).encode())
-        for name in sorted(self.arrays):
-            values = np.ascontiguousarray(self.arrays[name])
+        stored = {**self.arrays, **{SERVER_PREFIX + k: v for k, v in self.server.items()}}
+        for name in sorted(stored):
+            values = np.ascontiguousarray(stored[name])
             h.update(json.dumps([name, values.dtype.str, list(values.shape)]).encode())
             h.update(values.tobytes())
         return h.hexdigest()
@@ -172,7 +180,10 @@ def run_key(directory: Path) -> bytes:
 def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
     """Atomically replace ``directory/checkpoint.npz`` with ``checkpoint``, its digest
     under the run's key (``run_key``)."""
-    if reserved := sorted(set(RESERVED) & set(checkpoint.arrays)):
+    reserved = sorted(
+        name for name in checkpoint.arrays if name in RESERVED or name.startswith(SERVER_PREFIX)
+    )
+    if reserved:
         raise ValueError(f"array name(s) {reserved} are reserved for the checkpoint's binding")
     path = directory / CHECKPOINT_FILE
     trained = np.array(sorted(checkpoint.trained.items()), dtype=np.int64).reshape(-1, 2)
@@ -186,6 +197,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
             ROUNDS_KEY: np.array(checkpoint.rounds),
             DIGEST_KEY: np.array(checkpoint.digest(run_key(directory))),
             **checkpoint.arrays,
+            **{SERVER_PREFIX + k: v for k, v in checkpoint.server.items()},
         },
     )
     return path
@@ -218,12 +230,19 @@ class CheckpointWriter:
         """``partitions`` replied to ``server_round``'s training without error."""
         self.trained.update(dict.fromkeys(partitions, server_round))
 
-    def save(self, server_round: int, arrays: dict[str, np.ndarray], rounds: str) -> Path:
-        """The checkpoint after ``server_round``, with the global ``arrays`` and the
-        digest of ``rounds.jsonl`` up to it (``rounds``)."""
+    def save(
+        self,
+        server_round: int,
+        arrays: dict[str, np.ndarray],
+        rounds: str,
+        server: dict[str, np.ndarray] | None = None,
+    ) -> Path:
+        """The checkpoint after ``server_round``, with the global ``arrays``, the
+        digest of ``rounds.jsonl`` up to it (``rounds``) and the server's own state."""
         checkpoint = Checkpoint(
-            server_round, arrays, self.token, self.configuration, dict(self.trained), rounds
-        )
+            server_round, arrays, self.token, self.configuration, dict(self.trained), rounds,
+            dict(server or {}),
+        )  # fmt: skip
         return save_checkpoint(self.directory, checkpoint)
 
 
@@ -317,9 +336,14 @@ def _unpack(path: Path, stored: dict[str, np.ndarray]) -> Checkpoint:
         raise CheckpointError(f"{path}: '{TRAINED_KEY}' is not a table of rounds; {FIX}")
     return Checkpoint(
         round=int(stored_round),
-        arrays={k: v for k, v in stored.items() if k not in RESERVED},
+        arrays={
+            k: v for k, v in stored.items() if k not in RESERVED and not k.startswith(SERVER_PREFIX)
+        },
         token=str(stored[TOKEN_KEY]),
         configuration=str(stored[CONFIGURATION_KEY]),
         trained={int(p): int(r) for p, r in trained},
         rounds=str(stored[ROUNDS_KEY]),
+        server={
+            k[len(SERVER_PREFIX) :]: v for k, v in stored.items() if k.startswith(SERVER_PREFIX)
+        },
     )

@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -431,6 +432,42 @@ class FedpersStrategy(Strategy):
         }
         self.audit.observe(reference, moved)
         return moved
+
+    AUDIT = "audit."  # the audit's state in ``server_state``
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps of the server beyond the global arrays: the audit's
+        canaries (``fedpers.audit.CanaryAudit.state``), if any."""
+        if self.audit is None:
+            return {}
+        return {self.AUDIT + k: v for k, v in self.audit.state().items()}
+
+    def restore_server_state(
+        self, state: Mapping[str, np.ndarray], arrays: Mapping[str, np.ndarray], where: Path
+    ) -> None:
+        """Continue from a checkpoint's ``server_state`` (its global ``arrays`` beside
+        it, in the file ``where``): the audit goes on with its canaries, coins and
+        scores, so that it covers the rounds before the resume too.
+
+        Raises
+        ------
+        ResumeError
+            If the state is not an audit's over the checkpoint's shared arrays.
+        """
+        from fedpers.audit import CanaryAudit
+
+        kept = {k[len(self.AUDIT) :]: v for k, v in state.items() if k.startswith(self.AUDIT)}
+        if not kept:
+            return
+        names = [str(n) for n in np.atleast_1d(kept.get("names", np.array([])))]
+        try:
+            reference = {name: arrays[name] for name in names}
+            self.audit = CanaryAudit.restore(kept, reference)
+        except (KeyError, ValueError) as error:
+            raise ResumeError(
+                f"{where}: the audit's canaries cannot continue ({error}); restore the "
+                "run's own checkpoint, or start afresh (resume = false)"
+            ) from None
 
     def resume_after(self, records: Sequence[RoundRecord]) -> None:
         """Continue a resumed run from ``records`` (its rounds up to its checkpoint's):

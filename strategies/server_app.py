@@ -267,7 +267,9 @@ def _run(
         with recorder.writing() as running:  # a stopped run's checkpoint stays as it was
             if running:
                 arrays_now = {k: v.numpy() for k, v in arrays.items()}
-                checkpoints.save(server_round, arrays_now, recorder.rounds_digest())
+                checkpoints.save(
+                    server_round, arrays_now, recorder.rounds_digest(), strategy.server_state()
+                )
 
     started["rounds_started"] = time.time()  # the start-up (CLI, Ray, nodes, model) is behind us
     recorder.startup(_first_round_line(checkpoint))
@@ -305,8 +307,10 @@ def _starting_arrays(
     model, whose server metrics go to ``initial.json``."""
     directory = recorder.directory
     if checkpoint is not None:
-        initial = _resumed_start(grid, config, strategy, checkpoint, directory / CHECKPOINT_FILE)
+        where = directory / CHECKPOINT_FILE
+        initial = _resumed_start(grid, config, strategy, checkpoint, where)
         strategy.resume_after(recorder.records)
+        strategy.restore_server_state(checkpoint.server, checkpoint.arrays, where)
         return initial
     initial = strategy.initial_arrays(grid, timeout=config.startup_timeout)
     if evaluate_fn is not None:

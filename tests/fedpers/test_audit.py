@@ -78,3 +78,22 @@ def test_a_correct_release_is_never_caught_and_one_without_noise_is() -> None:
         assert _audit(mechanism, mechanism.sum_std, 10, seed) <= claimed
     broken = _audit(mechanism, 0.0, 10, 0)
     assert broken > 2 * claimed
+
+
+def test_an_audit_kept_in_a_checkpoint_continues_with_its_canaries() -> None:
+    """``state`` then ``restore``: the same directions (drawn again from the kept seed),
+    coins, scores and rounds; a state over other arrays is refused."""
+    reference = {"w": np.zeros((3, 4), np.float32), "b": np.zeros(4, np.float32)}
+    planted = audit.CanaryAudit.plant(50, reference, np.random.default_rng(7))
+    moved = {k: v + np.random.default_rng(1).normal(size=v.shape) for k, v in reference.items()}
+    planted.observe(reference, moved)
+    again = audit.CanaryAudit.restore(planted.state(), reference)
+    np.testing.assert_array_equal(again.directions, planted.directions)
+    np.testing.assert_array_equal(again.included, planted.included)
+    np.testing.assert_array_equal(again.scores, planted.scores)
+    assert (again.rounds, again.names) == (1, ("w", "b"))
+    np.testing.assert_allclose(np.linalg.norm(again.directions, axis=1), 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="not over"):
+        audit.CanaryAudit.restore(planted.state(), {"w": reference["w"]})
+    other = audit.CanaryAudit.plant(50, reference, np.random.default_rng(8))
+    assert not np.array_equal(other.directions, planted.directions)

@@ -260,6 +260,38 @@ def test_every_release_is_counted_across_failed_rounds_and_resumes(tmp_path: Pat
     assert summary["epsilon"] > privacy.epsilon(DpSampling.POISSON, 1.0, 1.0, 8, 8.0, 4, 1e-5)
 
 
+def test_the_audit_of_a_resumed_run_covers_the_rounds_before_its_resume(tmp_path: Path) -> None:
+    """Issue 43: a run audited with canaries fails in round 3 and resumes from its
+    checkpoint of round 2. The checkpoint keeps the canaries (their directions' seed,
+    secret coins and scores), so the finished run's audit has observed its 4 rounds with
+    the coins planted at its start; it observed only the 2 since the resume before. A
+    checkpoint whose audit state was changed is refused (its digest)."""
+    from fedpers.checkpoint import CHECKPOINT_FILE, SERVER_PREFIX, CheckpointError
+    from fedpers.strategies.rounds import RoundFailedError
+
+    run = {"algorithm": "fedavg", "num-rounds": 4, "dp": "central", "dp-delta": 1e-6,
+           "fraction-train": 1.0, "dp-audit-canaries": 40}  # fmt: skip
+    with pytest.raises(RoundFailedError, match="round 3"):
+        _serve(tmp_path, "run", fail=_round_3_fails, **run)
+    with np.load(tmp_path / "run" / CHECKPOINT_FILE) as stored:
+        crashed = {k: stored[k] for k in stored.files}
+    kept = {k: v for k, v in crashed.items() if k.startswith(SERVER_PREFIX)}
+    assert int(kept[SERVER_PREFIX + "audit.rounds"]) == 2
+    directory = _serve(tmp_path, "run", resume=True, **run)
+    audit = json.loads((directory / "summary.json").read_text())["privacy"]["audit"]
+    assert audit["rounds"] == 4
+    assert audit["canaries"] == 40
+    with np.load(directory / CHECKPOINT_FILE) as stored:
+        for name in ("audit.seed", "audit.included"):
+            np.testing.assert_array_equal(stored[SERVER_PREFIX + name], kept[SERVER_PREFIX + name])
+        assert int(stored[SERVER_PREFIX + "audit.rounds"]) == 4
+    # the round-2 checkpoint the resume read, with its coins flipped: refused by its digest
+    crashed[SERVER_PREFIX + "audit.included"] = ~crashed[SERVER_PREFIX + "audit.included"]
+    np.savez(directory / CHECKPOINT_FILE, **crashed)
+    with pytest.raises(CheckpointError, match="changed after it was written"):
+        _serve(tmp_path, "run", resume=True, **run)
+
+
 @pytest.mark.parametrize("damage", ["missing", "lowered"])
 def test_a_resume_without_the_release_count_is_refused(tmp_path: Path, damage: str) -> None:
     from fedpers.results import RELEASES_FILE
