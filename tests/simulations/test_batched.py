@@ -265,11 +265,13 @@ def _npy_bytes(size: int) -> int:
 
 
 def test_a_cohort_cut_by_its_bytes_gives_what_one_cohort_gives(tmp_path: Path) -> None:
-    """IFCA (every learner sent to every client) with cohorts cut at 0.05 MB, a client
-    or two each, against one cohort: the same figures and states to 1e-5 (float64)."""
-    run = {**BASE, "algorithm": "ifca", "mixture-learners": 3, "run-name": "x"}
+    """IFCA (every learner sent to every client) with cohorts cut at 0.05 MB, less than
+    one client's learners (so every client alone), against one cohort: the same figures
+    and states to 1e-5 (float64); another seed is far from them."""
+    run = {**BASE, "algorithm": "ifca", "mixture-learners": 3, "num-rounds": 2, "run-name": "x"}
     whole = equality.outcome(run, tmp_path / "whole", dtype="float64")
     cut = equality.outcome(run, tmp_path / "cut", dtype="float64", cohort_mb=0.05)
+    assert sum(v.nbytes for v in whole["state"].values()) > 0.05 * 2**20  # each client alone
     assert equality.difference(whole, cut) < equality.TOLERANCE
     swapped = equality.outcome(
         {**run, "seed": 1}, tmp_path / "seed1", dtype="float64", cohort_mb=0.05
