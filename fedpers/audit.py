@@ -14,7 +14,9 @@ is the largest epsilon whose bound on ``P[W >= v]`` for the observed ``v`` is be
 ``beta``: a mechanism that spends less than it claims is never caught but with
 probability ``beta``; one that spends more is caught when the canaries are visible.
 
-In a federated run (``dp-audit-canaries`` > 0, ``dp = "central"``) a canary is a client
+In a federated run (``dp-audit-canaries`` > 0, ``dp = "central"`` or ``"distributed"``:
+the release is the noised sum either way, its noise added by the server or by the
+devices' shares and the server's top-up) a canary is a client
 the server adds on its own: a fixed random direction ``u_i`` of the shared parts (all
 arrays as one unit vector) and a coin. An included canary is sampled every round as a
 real client is (independently, at the run's sampling rate) and then contributes the

@@ -147,8 +147,9 @@ class PrivacySettings:
     )
     dp_audit_canaries: int = setting(
         0,
-        "central: plant this many canary clients and report the empirical lower bound on "
-        "epsilon they give (fedpers.audit, Steinke et al. 2023; 10 to 10,000); 0: none",
+        "plant this many canary clients in a private run's releases and report the "
+        "empirical lower bound on epsilon they give (fedpers.audit, Steinke et al. "
+        "2023; 10 to 10,000); 0: none",
     )
     dp_clip_count_std: float = setting(
         0.0,
@@ -197,11 +198,11 @@ class PrivacySettings:
                 f"run-config key 'dp-audit-canaries' = {count}: plant 0 (no audit) or "
                 f"{FEWEST_CANARIES} to {MOST_CANARIES:,} canaries."
             )
-        if self.dp is not DpMode.CENTRAL:
+        if self.dp is DpMode.NONE:
             raise ConfigError(
-                f"run-config key 'dp-audit-canaries' audits dp = 'central' (the server "
-                f"plants the canaries), not dp = '{self.dp}': set dp = 'central', or "
-                "dp-audit-canaries = 0."
+                "run-config key 'dp-audit-canaries' audits a private run's releases, and "
+                "dp = 'none' releases without a guarantee: set dp = 'central' or "
+                "'distributed', or dp-audit-canaries = 0."
             )
 
     def _check_adaptive_clip(self) -> None:

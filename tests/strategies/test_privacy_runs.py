@@ -392,6 +392,30 @@ def test_a_publish_dir_that_would_mix_with_the_results_is_refused(tmp_path: Path
     assert not (tmp_path / "mixed").exists()
 
 
+def test_a_distributed_run_is_audited_and_one_whose_noise_is_left_out_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Distributed DP's release, the devices' noise shares and the server's top-up, is
+    audited as central DP's is: with 1,000 canaries its lower bound stays below the
+    accountant's epsilon. With every noise left out (devices and server alike) and the
+    server's check of each reply's noise off (which otherwise leaves out every such
+    reply and fails the round), the canaries stand out of the release and the lower
+    bound exceeds the accountant's epsilon: the broken mechanism is caught."""
+    run = {"dp": "distributed", "dp-sampling": "without-replacement", "dp-clip": 0.01,
+           "dp-noise-multiplier": 8.0, "dp-delta": 1e-5, "dp-audit-canaries": 1000}  # fmt: skip
+    honest = json.loads((_run(tmp_path, "honest", **run) / "summary.json").read_text())
+    found = honest["privacy"]["audit"]
+    assert (found["canaries"], found["guesses"], found["rounds"]) == (1000, 200, 3)
+    assert 0 <= found["epsilon_lower"] <= honest["privacy"]["epsilon"]
+    from fedpers.strategies.base import FedpersStrategy
+
+    monkeypatch.setattr(privacy, "noised", lambda arrays, std, generator: dict(arrays))
+    monkeypatch.setattr(FedpersStrategy, "noise_check", lambda self, reply: None)
+    broken = json.loads((_run(tmp_path, "broken", **run) / "summary.json").read_text())
+    assert broken["privacy"]["epsilon"] == honest["privacy"]["epsilon"]  # what it claims
+    assert broken["privacy"]["audit"]["epsilon_lower"] > broken["privacy"]["epsilon"]
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("sampling", ["poisson", "without-replacement"])
 def test_every_audited_run_stays_below_what_its_accountant_counts(
