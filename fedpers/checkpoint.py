@@ -113,6 +113,11 @@ class Checkpoint:
     rounds: str = ""
     server: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def stored_arrays(self) -> dict[str, np.ndarray]:
+        """The global arrays and the server's state (under ``SERVER_PREFIX``), as the
+        file holds them beside its binding."""
+        return {**self.arrays, **{SERVER_PREFIX + k: v for k, v in self.server.items()}}
+
     def digest(self, key: bytes) -> str:
         """HMAC-SHA256 under ``key`` of the round, the binding and every array (names,
         dtypes, shapes, bytes): what ``load_checkpoint`` recomputes to see the file
@@ -126,7 +131,7 @@ class Checkpoint:
             self.rounds,
         ]
         h.update(json.dumps(binding).encode())
-        stored = {**self.arrays, **{SERVER_PREFIX + k: v for k, v in self.server.items()}}
+        stored = self.stored_arrays()
         for name in sorted(stored):
             values = np.ascontiguousarray(stored[name])
             h.update(json.dumps([name, values.dtype.str, list(values.shape)]).encode())
@@ -196,8 +201,7 @@ def save_checkpoint(directory: Path, checkpoint: Checkpoint) -> Path:
             TRAINED_KEY: trained,
             ROUNDS_KEY: np.array(checkpoint.rounds),
             DIGEST_KEY: np.array(checkpoint.digest(run_key(directory))),
-            **checkpoint.arrays,
-            **{SERVER_PREFIX + k: v for k, v in checkpoint.server.items()},
+            **checkpoint.stored_arrays(),
         },
     )
     return path
