@@ -151,17 +151,25 @@ def _fitted_head_losses(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The per-record losses of the logistic-regression head fitted on a client's
     records, members and non-members together."""
-    from sklearn.linear_model import LogisticRegression
-
     x = np.concatenate(features)
     y = np.concatenate(labels)
-    if len(np.unique(y)) < 2:  # one class: any head fits it perfectly
+    head = fitted_head(x, y)
+    if head is None:  # one class: any head fits it perfectly
         zeros = [np.zeros(len(f)) for f in features]
         return zeros[0], zeros[1]
-    head = LogisticRegression(max_iter=1000).fit(x, y)
     log_probability = head.predict_log_proba(x)
     losses = -log_probability[np.arange(len(y)), np.searchsorted(head.classes_, y)]
     return losses[: len(features[0])], losses[len(features[0]) :]
+
+
+def fitted_head(x: np.ndarray, y: np.ndarray) -> Any:
+    """The multinomial logistic-regression head (scikit-learn) fitted on a client's
+    records ``(x, y)``, members and non-members together; None for one class."""
+    from sklearn.linear_model import LogisticRegression
+
+    if len(np.unique(y)) < 2:
+        return None
+    return LogisticRegression(max_iter=1000).fit(x, y)
 
 
 def attack_success(members: np.ndarray, others: np.ndarray) -> dict[str, float]:
@@ -258,8 +266,6 @@ def _attacker_model(config: Any, released: Mapping[str, np.ndarray], data: Any) 
     model = model.double()
     if "head" in config.spec.shared:
         return model
-    from sklearn.linear_model import LogisticRegression
-
     with torch.no_grad():
         x = torch.as_tensor(np.concatenate([data.x_train, data.x_test])).double()
         features = model.body(x).numpy()
@@ -268,8 +274,8 @@ def _attacker_model(config: Any, released: Mapping[str, np.ndarray], data: Any) 
     bias = np.full(config.num_classes, -1e4)  # classes the client lacks: never predicted
     classes = np.unique(y)
     bias[classes] = 0.0
-    if len(classes) > 1:
-        head = LogisticRegression(max_iter=1000).fit(features, y)
+    head = fitted_head(features, y)
+    if head is not None:
         if len(classes) == 2:  # one row: the log-odds of the second class
             weight[classes[1]], bias[classes[1]] = head.coef_[0], head.intercept_[0]
         else:
@@ -376,8 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_summary(out, result)
     table = _table(result)
     title = (
-        f"Membership inference on the released model: {args.dataset}, "
-        f"{values['num-clients']} clients"
+        f"Membership inference on the released model and on one update: {args.dataset}, "
+        f"{values['num-clients']} clients, dp = {args.dp}"
     )
     (out / "table.md").write_text(f"# {title}\n\n{seeds_note(seeds)}\n\n{table}")
     print(f"\n{title}\n\n{table}\nresults: {out}")
