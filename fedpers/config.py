@@ -307,8 +307,8 @@ class EngineSettings:
     cohort_mb: float = setting(
         256.0,
         "batched: the most megabytes of arrays sent to one computation's clients, a "
-        "cohort cut at whichever of this and cohort-size comes first (a mixture's "
-        "learners or an image model fill it with few clients)",
+        "cohort cut at whichever of this and cohort-size comes first (rows that send "
+        "many models, or an image model, fill it with few clients)",
     )
     engine_workers: int = setting(
         0,
