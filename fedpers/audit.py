@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
@@ -86,8 +86,8 @@ class CanaryAudit:
     included: np.ndarray  # (m,) bool, the secret coins
     scores: np.ndarray  # (m,) float64
     names: tuple[str, ...]  # the shared arrays, in the order of the flat vector
+    seed: np.ndarray  # (SEED_WORDS,) int64, the directions' (a checkpoint keeps it, not them)
     rounds: int = 0
-    seed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the directions'
 
     @classmethod
     def plant(
@@ -100,7 +100,7 @@ class CanaryAudit:
         seed = generator.integers(0, 2**63 - 1, size=SEED_WORDS, dtype=np.int64)
         included = generator.random(count) < 0.5
         directions = _directions(seed, count, reference)
-        return cls(directions, included, np.zeros(count), tuple(reference), seed=seed)
+        return cls(directions, included, np.zeros(count), tuple(reference), seed)
 
     def state(self) -> dict[str, np.ndarray]:
         """What a checkpoint keeps of the audit: the directions' seed, the coins, the
@@ -142,7 +142,7 @@ class CanaryAudit:
                 "the audit's state holds no seed of its directions or a score not finite"
             )
         directions = _directions(seed, len(included), reference)
-        return cls(directions, included, scores, names, int(state["rounds"]), seed=seed)
+        return cls(directions, included, scores, names, seed, int(state["rounds"]))
 
     def contribution(self, clip: float, rate: float, generator: np.random.Generator) -> np.ndarray:
         """The flat sum of this round's canary updates: each included canary sampled

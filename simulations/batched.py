@@ -32,14 +32,17 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
 from fedpers.clients import client_app
+from fedpers.config import EngineSettings
 from fedpers.simulations.grid import InProcessGrid
 
-COHORT_SIZE = 1024  # clients of one computation: memory grows with it, speed saturates
-# Megabytes of arrays sent to one computation's clients. A cohort's memory is a few times
-# what it was sent (its models stacked, their gradients and momentum): a mixture's
-# learners or an image model reach it with a few clients (IFCA's 20 Fashion-MNIST MLPs,
-# 44 MB a client, took 18 GB as one cohort of 100), a small MLP's 1,024 clients do not.
-COHORT_MB = 256
+# The run config's defaults, declared once (fedpers.config): clients of one computation
+# (memory grows with it, speed saturates) and megabytes of arrays sent to one
+# computation's clients. A cohort's memory is a few times what it was sent (its models
+# stacked, their gradients and momentum): a mixture's learners or an image model reach
+# the budget with a few clients (IFCA's 20 Fashion-MNIST MLPs, 44 MB a client, took
+# 18 GB as one cohort of 100), a small MLP's 1,024 clients do not.
+COHORT_SIZE = EngineSettings().cohort_size
+COHORT_MB = EngineSettings().cohort_mb
 
 
 class BatchedGrid(InProcessGrid):
