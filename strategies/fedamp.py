@@ -14,6 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedpers import protocol, records
+from fedpers.aggregation import Aggregation
 from fedpers.algorithms.fedamp import FedAmpSettings, attention
 from fedpers.strategies import screening
 from fedpers.strategies.fedmtl import FedMTL, Model, _mean, _tasks
@@ -41,8 +42,8 @@ class FedAMP(FedMTL):
             [np.concatenate([self.tasks[p][n].ravel() for n in names]) for p in everyone]
         ).astype(np.float64)
         contents = {}
-        for partition in sampled:
-            cloud = self.cloud_model(everyone.index(partition), everyone, flat)
+        clouds = self.cloud_models([everyone.index(p) for p in sampled], everyone, flat)
+        for partition, cloud in zip(sampled, clouds, strict=True):
             sent = ArrayRecord({k: Array(records.contiguous(v)) for k, v in cloud.items()})
             contents[partition] = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: config})
         # Replies are screened against their client's own model (``sent_to``); the mean
@@ -52,6 +53,36 @@ class FedAMP(FedMTL):
             ArrayRecord({k: Array(records.contiguous(v)) for k, v in self.current_shared.items()})
         )
         return contents
+
+    def cloud_models(self, rows: list[int], everyone: list[int], flat: np.ndarray) -> list[Model]:
+        """``cloud_model`` of each of ``rows``; under the weighted mean (the default
+        ``aggregation``), the others' means of every row at once (``weighted_rows``), to
+        the bit what ``cloud_model`` computes one row at a time."""
+        if self.run.aggregation != Aggregation.MEAN:
+            return [self.cloud_model(i, everyone, flat) for i in rows]
+        xis = [
+            attention(flat, i, self.settings.fedamp_alpha, self.settings.fedamp_sigma) for i in rows
+        ]
+        # weighted_mean's share of each of the others: its weight over their sum.
+        others = [
+            [j for j in range(len(everyone)) if j != i and xi[j] > 0]
+            for i, xi in zip(rows, xis, strict=True)
+        ]
+        shares = np.zeros((len(rows), len(everyone)))
+        for row, (xi, kept) in enumerate(zip(xis, others, strict=True)):
+            if kept:
+                shares[row, kept] = xi[kept] / float(xi[kept].sum())
+        means = weighted_rows(shares, flat)
+        clouds = []
+        for row, (i, xi, kept) in enumerate(zip(rows, xis, others, strict=True)):
+            own = self.tasks[everyone[i]]
+            if not kept:
+                clouds.append(own)
+                continue
+            share = float(xi[kept].sum())
+            mix = _unflatten(means[row], own)
+            clouds.append(_blend(own, share, mix))
+        return clouds
 
     def cloud_model(self, i: int, everyone: list[int], flat: np.ndarray) -> Model:
         """``u_i = xi_ii w_i + sum_{j != i} xi_ij w_j`` over every model held. The others'
@@ -73,7 +104,43 @@ class FedAMP(FedMTL):
             if self.trims_every_reply(len(others))
             else self.combine(models, weights, own)
         )
-        return {
-            n: ((1.0 - share) * own[n].astype(np.float64) + share * mix[n]).astype(own[n].dtype)
-            for n in own
-        }
+        return _blend(own, share, mix)
+
+
+def _blend(own: Model, share: float, mix: Model) -> Model:
+    """``(1 - share) w_i + share mix``, in ``w_i``'s dtypes."""
+    return {
+        n: ((1.0 - share) * own[n].astype(np.float64) + share * mix[n]).astype(own[n].dtype)
+        for n in own
+    }
+
+
+WEIGHTED_COLUMNS = 4096  # columns of one block of ``weighted_rows``: its rows stay in cache
+
+
+def weighted_rows(shares: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """``shares @ flat`` (k, n) x (n, d), each element summed as
+    ``fedpers.aggregation.weighted_mean`` sums it, term by term in the order of ``flat``'s
+    rows from zero (a share of 0 adds a zero: a finite model's sum is unchanged), so
+    that every row equals its weighted mean to the bit; a block of columns at a time for
+    all ``k`` rows (a matrix product would sum in another order)."""
+    out = np.zeros((len(shares), flat.shape[1]))
+    scratch = np.empty((len(shares), min(WEIGHTED_COLUMNS, flat.shape[1])))
+    for start in range(0, flat.shape[1], WEIGHTED_COLUMNS):
+        block = out[:, start : start + WEIGHTED_COLUMNS]
+        term = scratch[:, : block.shape[1]]
+        for j in range(len(flat)):
+            np.multiply(shares[:, j, None], flat[j, start : start + WEIGHTED_COLUMNS], out=term)
+            block += term
+    return out
+
+
+def _unflatten(row: np.ndarray, like: Model) -> Model:
+    """``row`` (a flat vector over ``like``'s arrays in sorted name order, as the
+    server's ``flat``) as arrays of ``like``'s shapes and dtypes."""
+    parts, start = {}, 0
+    for name in sorted(like):
+        size = like[name].size
+        parts[name] = row[start : start + size].reshape(like[name].shape).astype(like[name].dtype)
+        start += size
+    return parts

@@ -140,3 +140,45 @@ def test_a_trimmed_mean_that_would_cut_every_other_model_falls_back_to_the_weigh
     )
     assert sampled == [[0, 1, 2], [0, 1, 2]]
     assert _largest_gap(result, _oracle(config, start, sampled)) < 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 70), st.integers(1, 9)),
+        elements=st.floats(-1e3, 1e3, width=32),
+    ),
+    st.data(),
+)
+def test_the_servers_blocked_sums_are_the_one_at_a_time_sums_to_the_bit(
+    models: np.ndarray, data: st.DataObject
+) -> None:
+    # The server's fast forms (blocks of rows and of columns, every sampled client at
+    # once) against the expressions they replace, with blocks smaller than the inputs.
+    import fedpers.algorithms.fedamp as algorithm
+    import fedpers.strategies.fedamp as server
+    from fedpers.aggregation import weighted_mean
+
+    flat = models.astype(np.float64)
+    i = data.draw(st.integers(0, len(flat) - 1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(algorithm, "DISTANCE_ROWS", 16)
+        patch.setattr(server, "WEIGHTED_COLUMNS", 4)
+        assert np.array_equal(
+            algorithm.squared_distances(flat, i), ((flat - flat[i]) ** 2).sum(axis=1)
+        )
+        rows = data.draw(st.lists(st.integers(0, len(flat) - 1), min_size=1, max_size=5))
+        shares = np.zeros((len(rows), len(flat)))
+        expected = []
+        for row, own in enumerate(rows):
+            weights = data.draw(hnp.arrays(np.float64, len(flat), elements=st.floats(0, 1)))
+            others = [j for j in range(len(flat)) if j != own and weights[j] > 0]
+            if not others:
+                expected.append(np.zeros(flat.shape[1]))
+                continue
+            shares[row, others] = weights[others] / float(weights[others].sum())
+            mean = weighted_mean([{"w": flat[j]} for j in others], list(weights[others]))
+            expected.append(mean["w"])
+        got = server.weighted_rows(shares, flat)
+    assert np.array_equal(got, np.stack(expected))  # float64, before the models' dtype
