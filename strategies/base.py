@@ -10,7 +10,9 @@ the parts it keeps never leave the device. What sits elsewhere:
   ``aggregate_train``, ``configure_evaluate`` and ``aggregate_evaluate`` as
   ``Strategy.start`` does;
 - ``strategies.final_tests``: the tests after the last round (fine-tuned heads,
-  unseen clients).
+  unseen clients);
+- ``strategies.private_release``: a private run's releases, clip and audit canaries
+  (``private``).
 
 Flower's four methods are real: a subclass written from Flower's documentation that
 overrides them changes the run. By default they call fedpers' own hooks, which an
@@ -22,12 +24,9 @@ replies), ``combine``, ``final_test`` and ``round_metrics``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import (
@@ -55,10 +54,8 @@ from fedpers.server_step import ServerStrategySettings
 from fedpers.strategies import final_tests, screening
 from fedpers.strategies.federation import Federation, PopulationError
 from fedpers.strategies.flower_step import FlowerStep
+from fedpers.strategies.private_release import PrivateRelease, audit_state
 from fedpers.strategies.rounds import EvaluateFn, run_rounds
-
-if TYPE_CHECKING:
-    from fedpers.audit import CanaryAudit
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +94,8 @@ class FedpersStrategy(Strategy):
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
         self.privacy = privacy.run_mechanism(run)  # client-level DP, or None
-        self.releases = 0  # rounds whose noised shared parts were released
-        # called with the new count before each release leaves the server (the recorder
-        # makes it durable: a resume continues from it)
-        self.on_release: Callable[[int], None] | None = None
-        self.audit: CanaryAudit | None = None  # dp-audit-canaries: planted at the first release
-        # adaptive clipping: the clip of the next release, and of the last one
-        self.clip = self.privacy.clip if self.privacy is not None else math.inf
-        self.applied_clip = self.clip
+        # its releases, clip and canaries (None in a run without DP)
+        self.private = PrivateRelease(self.privacy) if self.privacy is not None else None
         self.sampled: list[int] = []  # the partitions sampled for this round's training
         # server-strategy: a Flower strategy combines the shared parts instead of combine()
         step = run.group(ServerStrategySettings)
@@ -378,8 +369,8 @@ class FedpersStrategy(Strategy):
         if not self.shared:
             return None, metrics
         arrays = [screening.arrays_of(reply) for reply in valid]
-        if self.privacy is not None:
-            averaged = self.private_release(arrays, self.privacy)
+        if self.private is not None:
+            averaged = self.private.release(arrays, self.current_shared, len(self.sampled))
         elif self.flower_step is not None:
             averaged = self.flower_step.aggregate(server_round, valid, self.current_shared)
         else:
@@ -388,105 +379,37 @@ class FedpersStrategy(Strategy):
         record = ArrayRecord({k: Array(records.contiguous(v)) for k, v in averaged.items()})
         return record, metrics
 
-    def private_release(
-        self, arrays: list[dict[str, np.ndarray]], run_mechanism: privacy.Mechanism
-    ) -> dict[str, np.ndarray]:
-        """The round's release of a private run (``fedpers.privacy.release``) at the
-        current clip; under adaptive clipping also the next round's clip, from the
-        updates' norms before clipping (``fedpers.privacy.adapted_clip``)."""
-        mechanism = dataclasses.replace(run_mechanism, clip=self.clip)
-        generator = privacy.secret_generator()
-        averaged = privacy.release(arrays, self.current_shared, mechanism, generator)
-        if mechanism.audit_canaries:
-            averaged = self.with_canaries(averaged, mechanism, generator)
-        self.releases += 1
-        if self.on_release is not None:
-            self.on_release(self.releases)
-        self.applied_clip = self.clip
-        if mechanism.adaptive:
-            reference = self.current_shared
-            norms = [privacy.update_norm({n: a[n] for n in reference}, reference) for a in arrays]
-            missing = max(0, len(self.sampled) - len(arrays))
-            self.clip = privacy.adapted_clip(norms, missing, mechanism, generator)
-        return averaged
-
-    def with_canaries(
-        self,
-        averaged: dict[str, np.ndarray],
-        mechanism: privacy.Mechanism,
-        generator: np.random.Generator,
-    ) -> dict[str, np.ndarray]:
-        """The release ``averaged`` with this round's canary updates in its sum (before
-        or after the noise is the same distribution), scored as the auditor scores them
-        (``fedpers.audit``); the canaries are planted at the first release."""
-        from fedpers.audit import CanaryAudit, unflatten
-
-        reference = self.current_shared
-        if self.audit is None:
-            self.audit = CanaryAudit.plant(mechanism.audit_canaries, reference, generator)
-        flat = self.audit.contribution(mechanism.clip, mechanism.sampling_rate, generator)
-        step = mechanism.server_lr / mechanism.cohort
-        moved = {
-            name: (averaged[name].astype(np.float64) + step * extra).astype(averaged[name].dtype)
-            for name, extra in unflatten(flat, reference).items()
-        }
-        self.audit.observe(reference, moved)
-        return moved
-
-    AUDIT = "audit."  # the audit's state in ``server_state``
-
     def server_state(self) -> dict[str, np.ndarray]:
-        """What a checkpoint keeps of the server beyond the global arrays: the audit's
-        canaries (``fedpers.audit.CanaryAudit.state``), if any."""
-        if self.audit is None:
-            return {}
-        return {self.AUDIT + k: v for k, v in self.audit.state().items()}
+        """What a checkpoint keeps of the server beyond the global arrays: a private
+        run's audit canaries (``PrivateRelease.state``), if any."""
+        return self.private.state() if self.private is not None else {}
 
     def restore_server_state(
         self, state: Mapping[str, np.ndarray], arrays: Mapping[str, np.ndarray], where: Path
     ) -> None:
         """Continue from a checkpoint's ``server_state`` (its global ``arrays`` beside
-        it, in the file ``where``): the audit goes on with its canaries, coins and
-        scores, so that it covers the rounds before the resume too.
+        it, in the file ``where``; ``PrivateRelease.restore``).
 
         Raises
         ------
         ResumeError
-            If the state is not an audit's over the checkpoint's shared arrays.
+            If the state is not what this run keeps: an audit's over the checkpoint's
+            shared arrays, and none in a run without DP.
         """
-        from fedpers.audit import CanaryAudit
-
-        kept = {k[len(self.AUDIT) :]: v for k, v in state.items() if k.startswith(self.AUDIT)}
-        if not kept:
-            return
-        names = [str(n) for n in np.atleast_1d(kept.get("names", np.array([])))]
-        try:
-            reference = {name: arrays[name] for name in names}
-            self.audit = CanaryAudit.restore(kept, reference)
-        except (KeyError, ValueError) as error:
+        if self.private is not None:
+            self.private.restore(state, arrays, where)
+        elif audit_state(state):
             raise ResumeError(
-                f"{where}: the audit's canaries cannot continue ({error}); restore the "
-                "run's own checkpoint, or start afresh (resume = false)"
-            ) from None
+                f"{where}: the checkpoint holds a private run's audit canaries, and this "
+                "run has dp = 'none'; resume with the run's own settings, or start "
+                "afresh (resume = false)"
+            )
 
     def resume_after(self, records: Sequence[RoundRecord]) -> None:
         """Continue a resumed run from ``records`` (its rounds up to its checkpoint's):
-        under adaptive clipping, at the clip the last of them chose."""
-        if self.privacy is None or not self.privacy.adaptive or not records:
-            return
-        last = records[-1].server.get(privacy.NEXT_CLIP)
-        if last is None:
-            raise ResumeError(
-                f"round {records[-1].round} of rounds.jsonl has no '{privacy.NEXT_CLIP}': "
-                "an adaptive clip cannot continue from it; start the run afresh"
-            )
-        if isinstance(last, bool) or not isinstance(last, int | float) or not 0 < last < math.inf:
-            raise ResumeError(
-                f"round {records[-1].round} of rounds.jsonl has '{privacy.NEXT_CLIP}' = "
-                f"{last!r}, not a clip (a finite number above 0): restore the run's own "
-                "rounds.jsonl, or start the run afresh"
-            )
-        self.clip = self.applied_clip = float(last)
+        a private run at the clip the last of them chose (``PrivateRelease``)."""
+        if self.private is not None:
+            self.private.resume_after(records)
 
     def trims_every_reply(self, replies: int) -> bool:
         """Whether the run's trimmed mean would cut all of ``replies`` (never under the
@@ -566,14 +489,7 @@ class FedpersStrategy(Strategy):
         """Server-side figures of a round for ``rounds.jsonl``: in a private run the
         epsilon spent so far (``dp.epsilon``, at ``dp-delta``) and the releases it
         counts; none otherwise."""
-        if self.privacy is None:
-            return {}
-        adaptive = {privacy.CLIP: self.applied_clip, privacy.NEXT_CLIP: self.clip}
-        return {
-            privacy.EPSILON: self.privacy.epsilon(self.releases),
-            privacy.RELEASES: float(self.releases),
-            **(adaptive if self.privacy.adaptive else {}),
-        }
+        return self.private.round_metrics() if self.private is not None else {}
 
     # ------------------------------------------------------------------ screening
     def checks(self) -> list[screening.Check]:
@@ -593,24 +509,8 @@ class FedpersStrategy(Strategy):
         (``privacy.distributed_band``), is left out, so the server tops its share up.
         The decision reads this reply alone, so no client changes what another
         contributes."""
-        assert self.privacy is not None  # only a distributed run checks its noise
-        reference = self.sent_to(reply)
-        arrays = screening.arrays_of(reply)
-        norm = privacy.update_norm({n: arrays[n] for n in reference}, reference)
-        size = sum(values.size for values in reference.values())
-        low, high = privacy.distributed_band(self.privacy, size)
-        share = f"noise share of standard deviation {self.privacy.share_std:.3g}"
-        if norm < low:
-            return (
-                f"update norm {norm:.4g} below {low:.4g}, the least an update with its "
-                f"{share} has: the noise was left out"
-            )
-        if norm > high:
-            return (
-                f"update norm {norm:.4g} beyond {high:.4g}, the most an update clipped to "
-                f"dp-clip = {self.privacy.clip:g} with its {share} has: the clip was skipped"
-            )
-        return None
+        assert self.private is not None  # only a distributed run checks its noise
+        return self.private.noise_defect(screening.arrays_of(reply), self.sent_to(reply))
 
     def expected_arrays(self) -> dict[str, screening.ArraySpec]:
         """The arrays a training reply must carry: exactly the shared ones sent."""
@@ -787,8 +687,8 @@ class FedpersStrategy(Strategy):
         ServerApp sets the count it made, ``releases.json``, which a round that failed
         or was cut short after its release makes larger)."""
         self.summary()
-        if self.privacy is not None and self.shared:
-            self.releases = max(self.releases, first_round - 1)
+        if self.private is not None and self.shared:
+            self.private.releases = max(self.private.releases, first_round - 1)
         return run_rounds(
             self,
             grid,

@@ -140,9 +140,9 @@ def main(grid: Grid, context: Context) -> None:
     )
     strategy = build_strategy(config)
     strategy.run_token = recorder.token
-    if strategy.privacy is not None and strategy.shared:  # each release counted on disk first
-        strategy.releases = releases
-        strategy.on_release = recorder.count_release
+    if strategy.private is not None and strategy.shared:  # each release counted on disk first
+        strategy.private.releases = releases
+        strategy.private.on_release = recorder.count_release
     # Deployed, the SuperLink stores a device's reply before its objects, and Flower's
     # grid retried a missing object after 1 s, doubling to 10 s (fedpers.flower_waits).
     waits = contextlib.nullcontext() if simulated(grid) else flower_waits.object_backoff()
@@ -396,11 +396,11 @@ def _summary(
     summary["bytes_received"] = received
     summary["megabytes_total"] = (sent + received) / 1e6  # training messages, both ways
     summary["evaluate_megabytes"] = sum(r.server.get(EVALUATE_BYTES, 0.0) for r in records_) / 1e6
-    mechanism = strategy.privacy
-    if mechanism is not None:  # client-level DP: the guarantee, recomputable elsewhere
-        guarantee = mechanism.record(strategy.releases)
-        if strategy.audit is not None:  # the canaries' lower bound, beside the accountant's
-            guarantee["audit"] = strategy.audit.result(mechanism.delta)
+    private = strategy.private
+    if private is not None:  # client-level DP: the guarantee, recomputable elsewhere
+        guarantee = private.mechanism.record(private.releases)
+        if private.audit is not None:  # the canaries' lower bound, beside the accountant's
+            guarantee["audit"] = private.audit.result(private.mechanism.delta)
         summary["privacy"] = guarantee
     return summary
 

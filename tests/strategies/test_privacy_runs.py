@@ -131,7 +131,8 @@ def test_an_adaptive_clip_is_recorded_applied_and_resumed(tmp_path: Path) -> Non
     strategy = build_strategy(config)
     records = read_rounds(directory)[:2]
     strategy.resume_after(records)
-    assert strategy.clip == rounds[1][privacy.NEXT_CLIP]
+    assert strategy.private is not None
+    assert strategy.private.clip == rounds[1][privacy.NEXT_CLIP]
     del records[-1].server[privacy.NEXT_CLIP]
     with pytest.raises(ResumeError, match=r"round 2 of rounds.jsonl has no 'dp.next-clip'"):
         build_strategy(config).resume_after(records)
@@ -145,21 +146,19 @@ def test_each_release_clips_at_the_clip_the_round_before_chose() -> None:
         {**BASE, "dp": "central", "dp-noise-multiplier": 0.0, "dp-clip": 1.0,
          "dp-clip-quantile": 0.5, "dp-sampling": "without-replacement"}
     )  # fmt: skip
-    strategy = build_strategy(config)
-    assert strategy.privacy is not None
+    private = build_strategy(config).private
+    assert private is not None
     reference = {"w": np.zeros(4)}
-    strategy.current_shared = reference
-    strategy.sampled = [0, 1, 2, 3]
-    strategy.clip = 0.25  # as if earlier rounds had moved it from 1.0
+    private.clip = 0.25  # as if earlier rounds had moved it from 1.0
     updates = [{"w": np.full(4, 1.0)}, {"w": np.full(4, 0.01)}, {"w": np.full(4, 0.01)}]
-    released = strategy.private_release(updates, strategy.privacy)
+    released = private.release(updates, reference, sampled=4)
     # the first (norm 2) clipped to norm 0.25, not dp-clip's 1; the fourth sampled
     # client missing: a zero update; the mean over the cohort of 4
     expected = (np.full(4, 0.125) + np.full(4, 0.01) + np.full(4, 0.01)) / 4
     np.testing.assert_allclose(released["w"], expected, rtol=1e-12)
     # within the clip: the two small updates and the missing client, 3 of 4
-    assert strategy.applied_clip == 0.25
-    assert strategy.clip == pytest.approx(0.25 * math.exp(-0.2 * (3 / 4 - 0.5)))
+    assert private.applied_clip == 0.25
+    assert private.clip == pytest.approx(0.25 * math.exp(-0.2 * (3 / 4 - 0.5)))
 
 
 # ------------------------------------------------------------------ issue 43's findings
@@ -258,6 +257,25 @@ def test_every_release_is_counted_across_failed_rounds_and_resumes(tmp_path: Pat
         privacy.epsilon(DpSampling.POISSON, 1.0, 1.0, 8, 8.0, 6, 1e-5)
     )
     assert summary["epsilon"] > privacy.epsilon(DpSampling.POISSON, 1.0, 1.0, 8, 8.0, 4, 1e-5)
+
+
+def test_a_checkpoint_with_canaries_refuses_a_run_without_dp() -> None:
+    # The audit's state belongs to a private run: resumed under dp = "none" it would be
+    # dropped silently, and the resumed run's summary would lose its audit.
+    config = load_run_config({**BASE, "dp": "central", "dp-audit-canaries": 10})
+    strategy = build_strategy(config)
+    assert strategy.private is not None
+    reference = {"w": np.zeros(4)}
+    strategy.private.with_canaries(
+        {"w": np.zeros(4)}, reference, strategy.private.mechanism, np.random.default_rng(0)
+    )
+    state = strategy.server_state()
+    assert state
+    assert all(k.startswith("audit.") for k in state)
+    build_strategy(config).restore_server_state(state, reference, Path("ckpt"))  # its own run
+    with pytest.raises(ResumeError, match=r"ckpt: the checkpoint holds a private run's audit"):
+        build_strategy(load_run_config(BASE)).restore_server_state(state, reference, Path("ckpt"))
+    build_strategy(load_run_config(BASE)).restore_server_state({}, reference, Path("ckpt"))
 
 
 def test_the_audit_of_a_resumed_run_covers_the_rounds_before_its_resume(tmp_path: Path) -> None:
