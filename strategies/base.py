@@ -12,7 +12,9 @@ the parts it keeps never leave the device. What sits elsewhere:
 - ``strategies.final_tests``: the tests after the last round (fine-tuned heads,
   unseen clients);
 - ``strategies.private_release``: a private run's releases, clip and audit canaries
-  (``private``).
+  (``private``);
+- ``strategies.startup``: the queries before round 1 and the initial model's vote
+  (``startup_part``).
 
 Flower's four methods are real: a subclass written from Flower's documentation that
 overrides them changes the run. By default they call fedpers' own hooks, which an
@@ -52,10 +54,11 @@ from fedpers.results import RoundRecord
 from fedpers.seeding import rng
 from fedpers.server_step import ServerStrategySettings
 from fedpers.strategies import final_tests, screening
-from fedpers.strategies.federation import Federation, PopulationError
+from fedpers.strategies.federation import Federation
 from fedpers.strategies.flower_step import FlowerStep
 from fedpers.strategies.private_release import PrivateRelease, audit_state
 from fedpers.strategies.rounds import EvaluateFn, run_rounds
+from fedpers.strategies.startup import Startup
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ class FedpersStrategy(Strategy):
         self.evaluate_nodes = run.family.evaluates_clients
         self.seen = list(range(run.seen_clients))
         self.unseen = list(range(run.seen_clients, run.num_clients))
-        self._startup_rejections: list[str] = []
+        self.startup_part = Startup(self.federation, run.vote_size)  # queries before round 1
         self.sent_arrays: dict[str, screening.ArraySpec] = {}
         self.current_shared: dict[str, np.ndarray] = {}  # what this round started from
         self.run_token = ""  # set by the ServerApp: the run's identity for snapshots
@@ -104,94 +107,17 @@ class FedpersStrategy(Strategy):
     # ------------------------------------------------------------------ start-up
     def initial_arrays(self, grid: Grid, *, timeout: float) -> ArrayRecord:
         """The shared parts of the seeded initial model, as a majority of the nodes build
-        it.
-
-        Every process builds the same model from the seed, so the server needs no model
-        code (and no torch) to start. The voters (``voters``: every node, or
-        ``vote-size`` of them drawn by the server's secret generator) are asked for the
-        SHA-256 of what they build (32 bytes, ``protocol.arrays_digest``), and nodes of
-        equal digests form a group. From the largest group down, the server fetches one
-        member's arrays: a group whose members send none that pass screening and match
-        their digest casts no vote. The model is that of the group with more than half
-        of the votes cast, so no minority of the voters chooses it (three nodes were
-        asked before: two colluders chose the start), and nodes that send a broken model
-        cannot block the others. With a drawn sample, a wrong model wins only if the
-        sample happens to hold a majority of nodes that send it: a hypergeometric tail
-        (docs/architecture.md, invariant 4). In a clean run one group holds every voter
-        and one fetch decides.
-
+        it (``Startup.initial_model``); none for a row that shares nothing.
 
         Raises
         ------
         PopulationError
-            If no group has more than half of the valid votes.
+            If no group of nodes has more than half of the valid votes.
         """
         if not self.shared:
             return ArrayRecord()
-        ask = RecordDict({protocol.CONFIG: ConfigRecord({protocol.DIGEST: 1})})
-        digests = self.startup(
-            grid, protocol.QUERY_INITIAL, self.voters(), ask, timeout, check=_digest_defect
-        )
-
-        groups: dict[bytes, list[int]] = {}
-        for partition, answer in sorted(digests.items()):
-            groups.setdefault(answer[protocol.DIGEST].tobytes(), []).append(partition)
-        pending = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1]))
-        unverified, valid = len(digests), 0
-        chosen: tuple[list[int], dict[str, np.ndarray]] | None = None
-        for digest, members in pending:
-            unverified -= len(members)
-            arrays = self._arrays_of_digest(grid, digest, members, timeout)
-            if arrays is not None:
-                valid += len(members)
-                chosen = chosen or (members, arrays)
-            if chosen is not None and 2 * len(chosen[0]) > valid + unverified:
-                break  # no later group can outvote it, whatever it holds
-        if chosen is None or not 2 * len(chosen[0]) > valid + unverified:
-            raise PopulationError(
-                f"no initial model is built by more than half of the {valid} nodes that "
-                "sent a valid one; check that every node runs the same fedpers version and "
-                "run config"
-            )
-        members, arrays = chosen
-        for partition in sorted(set(digests) - set(members)):
-            self.reject_at_startup(
-                partition,
-                f"{protocol.QUERY_INITIAL}: its initial model is not the majority's",
-            )
+        arrays = self.startup_part.initial_model(grid, timeout)
         return ArrayRecord({k: Array(records.contiguous(v)) for k, v in arrays.items()})
-
-    def voters(self) -> list[int]:
-        """The partitions that vote on the initial model: every one where there are at
-        most ``vote-size``, else ``vote-size`` distinct ones drawn by the server's secret
-        generator (unknown to the nodes beforehand, so no node can arrange to be asked),
-        sorted."""
-        everyone = sorted(self.federation.node_of_partition)
-        if len(everyone) <= self.run.vote_size:
-            return everyone
-        chosen = privacy.secret_generator().choice(everyone, self.run.vote_size, replace=False)
-        return sorted(int(p) for p in chosen)
-
-    def _arrays_of_digest(
-        self, grid: Grid, digest: bytes, members: list[int], timeout: float
-    ) -> dict[str, np.ndarray] | None:
-        """The arrays of the first of ``members`` (at most three are asked) whose answer
-        passes screening and has ``digest``, or None (each member that fails is
-        recorded)."""
-        for partition in members[:3]:
-            try:
-                answer = self.startup(
-                    grid, protocol.QUERY_INITIAL, [partition], RecordDict(), timeout
-                )
-            except PopulationError:
-                continue  # recorded as a start-up rejection
-            arrays = answer[partition]
-            if protocol.arrays_digest(arrays).tobytes() == digest:
-                return arrays
-            self.reject_at_startup(
-                partition, f"{protocol.QUERY_INITIAL}: its arrays differ from its digest"
-            )
-        return None
 
     def startup(
         self,
@@ -202,44 +128,18 @@ class FedpersStrategy(Strategy):
         timeout: float,
         check: screening.Check | None = None,
     ) -> dict[int, dict[str, np.ndarray]]:
-        """Ask ``partitions`` a start-up ``query``; the decoded arrays of the answers that
-        pass ``defect`` and ``check``, by partition. The others are left out and recorded
-        (``startup_rejections``).
-
-        Raises
-        ------
-        PopulationError
-            If no answer passes.
-        """
-        exchange = self.federation.broadcast(grid, query, partitions, content, timeout=timeout)
-        checks = [screening.defect] + ([check] if check is not None else [])
-        good = {}
-        for partition in partitions:
-            reply = exchange.replies.get(partition)
-            if reply is None:
-                reason: str | None = exchange.failures.get(partition, "no reply")
-            else:
-                reason = screening.first_defect(reply, checks)
-            if reason is None and reply is not None:
-                good[partition] = screening.arrays_of(reply)
-            else:
-                self.reject_at_startup(partition, f"{query}: {reason}")
-        if not good:
-            raise PopulationError(
-                f"{query}: no node gave a usable answer; {self._startup_rejections[:3]}"
-            )
-        return good
+        """``Startup.ask``: the answers to a start-up ``query`` that pass screening."""
+        return self.startup_part.ask(grid, query, partitions, content, timeout, check)
 
     def reject_at_startup(self, partition: int, reason: str) -> None:
         """Record that ``partition``'s answer to a start-up query was left out, and why."""
-        logger.warning("round 0: left out the reply of partition %d: %s", partition, reason)
-        self._startup_rejections.append(f"partition {partition}: {reason}")
+        self.startup_part.reject(partition, reason)
 
     @property
     def startup_rejections(self) -> tuple[str, ...]:
         """The start-up answers left out, with why (``partition P: query: reason``), in
         the order they came: the summary's ``startup_rejections``."""
-        return tuple(self._startup_rejections)
+        return self.startup_part.rejections
 
     # -------------------------------------------------------------------- sampling
     def sample(self, server_round: int) -> list[int]:
@@ -723,19 +623,6 @@ def step_toward(
 def _count(value: float) -> str:
     """A sample count as a note shows it: whole numbers without a fraction."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def _digest_defect(reply: Message) -> str | None:
-    """Why a ``query.initial`` digest answer is not one SHA-256 (32 uint8), or None."""
-    arrays = screening.arrays_of(reply)
-    digest = arrays.get(protocol.DIGEST)
-    if set(arrays) != {protocol.DIGEST} or digest is None:
-        return (
-            f"arrays {sorted(map(screening.shown, arrays))[:3]}, expected only '{protocol.DIGEST}'"
-        )
-    if digest.shape != (32,) or digest.dtype != np.uint8:
-        return f"'{protocol.DIGEST}' is {digest.dtype}{list(digest.shape)}, not uint8[32]"
-    return None
 
 
 def mean_metrics(contents: list[RecordDict]) -> MetricRecord | None:
