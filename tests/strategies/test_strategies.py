@@ -252,7 +252,7 @@ def test_linear_fedrep_through_the_client_app_learns_the_subspace() -> None:
     assert end < 1e-2 < start
 
 
-@pytest.mark.parametrize("algorithm", ["fedrep", "fedgmm"])
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedgmm", "ifca"])
 def test_evaluate_every_keeps_the_final_rounds_and_does_not_touch_training(
     algorithm: str,
 ) -> None:
