@@ -44,7 +44,9 @@ distributed DP needs), and the guarantee covers what the server sees.
 Writes DIR/summary.json: ``final_accuracy``, ``attack_auc``, ``attack_advantage``,
 ``update_auc``, ``update_advantage``, ``advantage_bound`` and ``epsilon_spent``, each
 ``[method][epsilon]`` (mean over seeds; the bound from the largest epsilon spent),
-DIR/table.md and the runs under DIR/runs/.
+``by_seed`` (the first five by seed, in the order of ``seeds``), DIR/table.md (the
+accuracy and both AUCs as mean ± sample std over the seeds) and the runs under
+DIR/runs/.
 """
 
 from __future__ import annotations
@@ -440,6 +442,9 @@ def _summary(
         summary[name] = {
             m: {e: float(np.mean(figures[m][e][key])) for e in epsilons} for m in methods
         }
+        summary.setdefault("by_seed", {})[name] = {
+            m: {e: figures[m][e][key] for e in epsilons} for m in methods
+        }
     summary["epsilon_spent"] = {
         m: {e: _finite_or_none(max(figures[m][e]["epsilon_spent"])) for e in epsilons}
         for m in methods
@@ -459,6 +464,17 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _spread(
+    summary: Mapping[str, Any], key: str, method: str, epsilon: str, form: str, scale: float = 1
+) -> str:
+    """The mean of ``key`` over the seeds, and its sample std where there are several."""
+    mean = form.format(scale * summary[key][method][epsilon])
+    values = summary.get("by_seed", {}).get(key, {}).get(method, {}).get(epsilon, [])
+    if len(values) < 2:
+        return mean
+    return f"{mean} ± {form.format(scale * float(np.std(values, ddof=1)))}"
+
+
 def _table(summary: Mapping[str, Any]) -> str:
     rows = []
     for method in summary["methods"]:
@@ -467,10 +483,10 @@ def _table(summary: Mapping[str, Any]) -> str:
                 [
                     method,
                     "none" if epsilon == INF else epsilon,
-                    f"{100 * summary['final_accuracy'][method][epsilon]:.1f}",
-                    f"{summary['attack_auc'][method][epsilon]:.3f}",
+                    _spread(summary, "final_accuracy", method, epsilon, "{:.1f}", 100),
+                    _spread(summary, "attack_auc", method, epsilon, "{:.3f}"),
                     f"{summary['attack_advantage'][method][epsilon]:.3f}",
-                    f"{summary['update_auc'][method][epsilon]:.3f}",
+                    _spread(summary, "update_auc", method, epsilon, "{:.3f}"),
                     f"{summary['update_advantage'][method][epsilon]:.3f}",
                     f"{summary['advantage_bound'][method][epsilon]:.3f}",
                 ]

@@ -181,6 +181,7 @@ def test_attack_quick(tmp_path: Path) -> None:
         # central DP noises the server's release, not the update: the update repeats
         update = attack.score_success(*attack.update_scores(run, summary["update_targets"]))
         assert summary["update_auc"]["fedavg"][epsilon] == pytest.approx(update["auc"])
+        assert summary["by_seed"]["update_auc"]["fedavg"][epsilon] == [pytest.approx(update["auc"])]
     spent = summary["epsilon_spent"]["fedavg"]["2"]
     assert 1.9 < spent <= 2.0
     assert summary["advantage_bound"]["fedavg"]["2"] == pytest.approx(
@@ -188,3 +189,24 @@ def test_attack_quick(tmp_path: Path) -> None:
     )
     assert summary["epsilon_spent"]["fedavg"]["inf"] is None
     assert summary["attack_advantage"]["fedavg"]["2"] <= summary["advantage_bound"]["fedavg"]["2"]
+
+
+def test_the_table_gives_the_seeds_spread_where_there_are_several() -> None:
+    import statistics
+
+    cell = {"fedavg": {"inf": 0.0}}
+    seeds = {"fedavg": {"inf": [0.5, 0.6]}}
+    summary = {
+        "methods": ["fedavg"], "epsilons": ["inf"], "advantage_bound": {"fedavg": {"inf": 1.0}},
+        "final_accuracy": {"fedavg": {"inf": 0.8}}, "attack_auc": {"fedavg": {"inf": 0.55}},
+        "attack_advantage": cell, "update_auc": {"fedavg": {"inf": 0.55}},
+        "update_advantage": cell,
+        "by_seed": {"final_accuracy": {"fedavg": {"inf": [0.7, 0.9]}},
+                    "attack_auc": seeds, "update_auc": seeds},
+    }  # fmt: skip
+    row = attack._table(summary).splitlines()[-1]
+    std = statistics.stdev([0.5, 0.6])
+    assert f"| 80.0 ± {100 * statistics.stdev([0.7, 0.9]):.1f} |" in row
+    assert row.count(f"0.550 ± {std:.3f}") == 2
+    del summary["by_seed"]  # one seed, or a summary written before: the mean alone
+    assert "±" not in attack._table(summary)
