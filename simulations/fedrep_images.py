@@ -78,7 +78,7 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
 # family's `mixture-learners` (FedEM's and FedGMM's stay at their default); Clustered
 # FL's split thresholds default to Table 2's, which never split here. --run-config wins.
 METHOD_SETTINGS: dict[str, dict[str, Any]] = {
-    "ifca": {"mixture-learners": 20},
+    "ifca": {"mixture-learners": 45},
     "clustered-fl": {"clustered-fl-eps1": 0.7, "clustered-fl-eps2": 2.0},
 }
 # A method and its +FT row train alike and differ after the last round: when both are
