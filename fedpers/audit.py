@@ -183,12 +183,3 @@ def _directions(seed: np.ndarray, count: int, reference: Mapping[str, np.ndarray
     directions = generator.standard_normal((count, size), dtype=np.float32)
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     return directions
-
-
-def unflatten(flat: np.ndarray, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``flat`` cut into arrays of ``reference``'s shapes, in its order (float64)."""
-    out, start = {}, 0
-    for name, array in reference.items():
-        out[name] = flat[start : start + array.size].reshape(array.shape)
-        start += array.size
-    return out

@@ -136,3 +136,13 @@ def contiguous(array: np.ndarray) -> np.ndarray:
     returns a 0-d array (BatchNorm's step count) as 1-d, which a model of the 0-d buffer
     then refuses (and a digest of the arrays no longer matches them)."""
     return np.ascontiguousarray(array) if np.ndim(array) else np.array(array)
+
+
+def unflatten(flat: np.ndarray, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``flat`` (one vector) cut into arrays of ``reference``'s shapes, in its order, as
+    views of ``flat`` (its dtype)."""
+    out, start = {}, 0
+    for name, array in reference.items():
+        out[name] = flat[start : start + array.size].reshape(array.shape)
+        start += array.size
+    return out

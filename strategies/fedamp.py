@@ -80,7 +80,10 @@ class FedAMP(FedMTL):
                 clouds.append(own)
                 continue
             share = float(xi[kept].sum())
-            mix = _unflatten(means[row], own)
+            ordered = {n: own[n] for n in sorted(own)}  # the order of ``flat``'s columns
+            mix = {
+                n: v.astype(own[n].dtype) for n, v in records.unflatten(means[row], ordered).items()
+            }
             clouds.append(_blend(own, share, mix))
         return clouds
 
@@ -133,14 +136,3 @@ def weighted_rows(shares: np.ndarray, flat: np.ndarray) -> np.ndarray:
             np.multiply(shares[:, j, None], flat[j, start : start + WEIGHTED_COLUMNS], out=term)
             block += term
     return out
-
-
-def _unflatten(row: np.ndarray, like: Model) -> Model:
-    """``row`` (a flat vector over ``like``'s arrays in sorted name order, as the
-    server's ``flat``) as arrays of ``like``'s shapes and dtypes."""
-    parts, start = {}, 0
-    for name in sorted(like):
-        size = like[name].size
-        parts[name] = row[start : start + size].reshape(like[name].shape).astype(like[name].dtype)
-        start += size
-    return parts

@@ -86,7 +86,8 @@ class PrivateRelease:
         """The release ``averaged`` with this round's canary updates in its sum (before
         or after the noise is the same distribution), scored as the auditor scores them
         (``fedpers.audit``); the canaries are planted at the first release."""
-        from fedpers.audit import CanaryAudit, unflatten
+        from fedpers.audit import CanaryAudit
+        from fedpers.records import unflatten
 
         if self.audit is None:
             self.audit = CanaryAudit.plant(mechanism.audit_canaries, reference, generator)
