@@ -10,10 +10,11 @@ initial ones. The paper's answer to feature shift: clients whose inputs differ i
 scale, contrast or style (``feature-shift``) normalize them with their own statistics.
 
 It needs a model with BatchNorm layers (``mnist1d-mlp-bn``, ``digits-mlp-bn``,
-``femnist-mlp-bn`` or a registered one); a built-in model without them is refused
-before start. A BatchNorm model trains one client at a time inside a cohort (batch
-statistics would mix the padded rows of a stacked batch) and skips a one-sample last
-batch (``fedpers.training.train``), for every row that uses one.
+``femnist-mlp-bn``, ``cifar10-cnn-bn``, ``cifar100-cnn-bn`` or a registered one); a
+built-in model without them is refused before start. A BatchNorm model trains one
+client at a time inside a cohort (batch statistics would mix the padded rows of a
+stacked batch) and skips a one-sample last batch (``fedpers.training.train``), for
+every row that uses one.
 """
 
 from __future__ import annotations

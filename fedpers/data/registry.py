@@ -152,10 +152,14 @@ MODEL_INPUTS: dict[str, tuple[int, ...] | None] = {
     "femnist-mlp-bn": (1, 28, 28),
     "cifar10-cnn": (3, 32, 32),
     "cifar100-cnn": (3, 32, 32),
+    "cifar10-cnn-bn": (3, 32, 32),
+    "cifar100-cnn-bn": (3, 32, 32),
     "logistic": None,  # any input, flattened
     "linear": None,  # any vector input
 }
 BUILT_IN_MODELS = frozenset(MODEL_INPUTS)  # before any extension registers its own
 # The built-in models with BatchNorm layers (FedBN keeps them on the device): a server
 # that never imports torch knows them by name.
-BATCH_NORM_MODELS = frozenset({"mnist1d-mlp-bn", "digits-mlp-bn", "femnist-mlp-bn"})
+BATCH_NORM_MODELS = frozenset(
+    {"mnist1d-mlp-bn", "digits-mlp-bn", "femnist-mlp-bn", "cifar10-cnn-bn", "cifar100-cnn-bn"}
+)

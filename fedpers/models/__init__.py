@@ -4,7 +4,8 @@ Every model is a ``SplitModel``: ``forward(x) = head(body(x))``, and its paramet
 start with ``body.`` or ``head.``, which is how algorithms declare what they share
 (``fedpers.protocol.SHARED_PARTS``). The zoo holds the FedRep paper's networks (CIFAR-10
 and CIFAR-100 CNNs without BatchNorm, the FEMNIST MLP), small MLPs for MNIST-1D and the
-digits, and the linear representation model of Section 4.
+digits, variants of these with BatchNorm layers (``-bn``, for FedBN), and the linear
+representation model of Section 4.
 """
 
 from __future__ import annotations
@@ -114,6 +115,28 @@ def _cifar100_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(body, nn.Linear(128, num_classes))
 
 
+def _cifar10_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The CIFAR-10 CNN with a BatchNorm after each conv and hidden fc layer, before its
+    ReLU (FedBN's rows; FedBN's own CNNs put BatchNorm there too)."""
+    body = nn.Sequential(
+        nn.Conv2d(3, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), mlp([1600, 120, 64], batch_norm=True),
+    )  # fmt: skip
+    return SplitModel(body, nn.Linear(64, num_classes))
+
+
+def _cifar100_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The CIFAR-100 CNN with a BatchNorm after each conv and hidden fc layer (FedBN's
+    rows)."""
+    body = nn.Sequential(
+        nn.Conv2d(3, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 5), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), mlp([3200, 256, 128], dropout=0.6, batch_norm=True),
+    )  # fmt: skip
+    return SplitModel(body, nn.Linear(128, num_classes))
+
+
 def linear_model(dim: int, rank: int) -> SplitModel:
     """FedRep's linear model y = w^T B^T x: body weight B^T (k x d), head w^T.
 
@@ -132,6 +155,8 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "femnist-mlp-bn": _femnist_mlp_bn,
     "cifar10-cnn": _cifar10_cnn,
     "cifar100-cnn": _cifar100_cnn,
+    "cifar10-cnn-bn": _cifar10_cnn_bn,
+    "cifar100-cnn-bn": _cifar100_cnn_bn,
 }
 
 

@@ -222,3 +222,128 @@ def test_every_row_runs_with_a_batch_norm_model_or_is_refused_before_start(
     assert len(rounds) == 2
     assert all(not r["rejections"] and r["replies"] == r["sampled"] for r in rounds)
     assert np.isfinite(json.loads((directory / "summary.json").read_text())["final_accuracy"])
+
+
+@pytest.mark.parametrize(
+    ("name", "plain"), [("cifar10-cnn-bn", "cifar10-cnn"), ("cifar100-cnn-bn", "cifar100-cnn")]
+)
+def test_the_cnns_with_batch_norm_are_the_papers_cnns_with_a_batch_norm_before_each_relu(
+    name: str, plain: str
+) -> None:
+    """The same seed gives the same conv and linear weights as the CNN without BatchNorm
+    (BatchNorm draws nothing at its start), each BatchNorm sits between a conv or hidden
+    linear layer and its ReLU, and with identity BatchNorm layers (eps 0, running mean
+    0 and variance 1, scale 1, shift 0) the two compute the same logits in eval mode."""
+    classes = 100 if name.startswith("cifar100") else 10
+    model = build_model(name, classes, 0, (3, 32, 32))
+    reference = build_model(plain, classes, 0, (3, 32, 32))
+    modules = list(model.body.modules())
+    norms = [m for m in modules if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d))]
+    assert len(norms) == 4  # two convs, two hidden linear layers
+    layers = [
+        m
+        for m in modules
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.ReLU)) or m in norms
+    ]
+    kinds = [type(m).__name__ for m in layers]
+    for i, kind in enumerate(kinds):
+        if kind.startswith("BatchNorm"):
+            assert kinds[i - 1] in ("Conv2d", "Linear"), kinds
+            assert kinds[i + 1] == "ReLU", kinds
+    bn = local_names(model)
+    assert len(bn) == 4 * 5  # weight, bias, running mean and variance, step count
+    weights = {k: v for k, v in model.state_dict().items() if k not in bn}
+    plain_weights = list(reference.state_dict().values())
+    assert len(weights) == len(plain_weights)
+    for ours, theirs in zip(weights.values(), plain_weights, strict=True):
+        assert torch.equal(ours, theirs)
+    for norm in norms:
+        norm.eps = 0.0
+    model.eval()
+    reference.eval()
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-6)
+        norms[0].running_mean.fill_(0.5)  # the test can fail: a moved BatchNorm shows
+        assert not torch.allclose(model(x), reference(x), rtol=1e-3, atol=1e-4)
+
+
+def _cifar10_files(root, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small CIFAR-10 files in torchvision's format (12 images a batch file, labels
+    0-9 then 0-1), its MD5 check against the real archive bypassed."""
+    import pickle
+
+    import torchvision
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    generator = np.random.default_rng(0)
+    for file in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            "data": generator.integers(0, 256, (12, 3072), dtype=np.uint8),
+            "labels": [int(i % 10) for i in range(12)],
+        }
+        (folder / file).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": [str(i) for i in range(10)]})
+    )
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+
+
+@pytest.mark.long  # a CNN's two rounds in process on each engine, about 10 s
+def test_fedbn_on_cifar10s_cnn_with_batch_norm_keeps_those_layers_on_each_client(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two rounds of FedBN with ``cifar10-cnn-bn`` on CIFAR-10 files the test writes, in
+    process, client by client and on the batched engine: no reply refused, the server's
+    arrays are the model's but its BatchNorm layers, the trained clients each hold
+    exactly those layers, moved from the seeded ones by their training, and the two
+    engines agree."""
+    from fedpers.simulations.inprocess import InProcessSimulation
+
+    _cifar10_files(tmp_path, monkeypatch)
+    model = build_model("cifar10-cnn-bn", 10, 0, (3, 32, 32))
+    bn = local_names(model)
+    seeded = {k: v.numpy() for k, v in model.state_dict().items() if k in bn}
+    outcomes = []
+    for engine in ("flower", "batched"):
+        simulation = InProcessSimulation(echo=lambda line: None)
+        directory = simulation.run(
+            {
+                "algorithm": "fedbn",
+                "engine": engine,
+                "dataset": "cifar10",
+                "data-root": str(tmp_path),
+                "model": "cifar10-cnn-bn",
+                "num-clients": 4,
+                "classes-per-client": 2,
+                "fraction-train": 0.5,
+                "num-rounds": 2,
+                "epochs": 1,
+                "batch-size": 4,
+                "final-rounds": 1,
+                "results-dir": str(tmp_path / engine),
+                "run-name": "r",
+            }
+        )
+        lines = (directory / "rounds.jsonl").read_text().splitlines()
+        rounds = [json.loads(line) for line in lines]
+        assert len(rounds) == 2
+        assert all(not r["rejections"] and r["replies"] == r["sampled"] == 2 for r in rounds)
+        with np.load(directory / "checkpoint.npz") as stored:
+            server = {k: stored[k] for k in stored.files if not k.startswith("__")}
+        assert set(server) == set(model.state_dict()) - bn
+        clients = {}
+        for node, context in simulation.grid.contexts.items():
+            if protocol.STATE_PERSONAL in context.state:
+                kept = context.state[protocol.STATE_PERSONAL].items()
+                clients[node] = {k: v.numpy() for k, v in kept}
+                assert set(clients[node]) == bn
+                assert _largest_gap(clients[node], seeded) > 1e-4
+        assert len(clients) >= 2
+        outcomes.append((server, clients))
+    (server, clients), (batched_server, batched_clients) = outcomes
+    assert _largest_gap(server, batched_server) < 1e-5
+    assert set(clients) == set(batched_clients)
+    for node, kept in clients.items():
+        assert _largest_gap(kept, batched_clients[node]) < 1e-5
