@@ -24,6 +24,7 @@ from fedpers.settings import ConfigError
 from fedpers.simulations.fedrep_images import methods as fedrep_images_methods
 from fedpers.training import SGDSettings, Stack, train
 from tests.clients.test_fedprox import _largest_gap, tiny_rounds, training_tensors
+from tests.fedpers.test_data import write_cifar
 
 ROUNDS = 3
 EPS = 1e-5  # nn.BatchNorm1d's
@@ -268,28 +269,6 @@ def test_the_cnns_with_batch_norm_are_the_papers_cnns_with_a_batch_norm_before_e
         assert not torch.allclose(model(x), reference(x), rtol=1e-3, atol=1e-4)
 
 
-def _cifar10_files(root, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small CIFAR-10 files in torchvision's format (12 images a batch file, labels
-    0-9 then 0-1), its MD5 check against the real archive bypassed."""
-    import pickle
-
-    import torchvision
-
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir()
-    generator = np.random.default_rng(0)
-    for file in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {
-            "data": generator.integers(0, 256, (12, 3072), dtype=np.uint8),
-            "labels": [int(i % 10) for i in range(12)],
-        }
-        (folder / file).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(
-        pickle.dumps({"label_names": [str(i) for i in range(10)]})
-    )
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
-
-
 @pytest.mark.long  # a CNN's two rounds in process on each engine, about 10 s
 def test_fedbn_on_cifar10s_cnn_with_batch_norm_keeps_those_layers_on_each_client(
     tmp_path, monkeypatch: pytest.MonkeyPatch
@@ -301,7 +280,7 @@ def test_fedbn_on_cifar10s_cnn_with_batch_norm_keeps_those_layers_on_each_client
     engines agree."""
     from fedpers.simulations.inprocess import InProcessSimulation
 
-    _cifar10_files(tmp_path, monkeypatch)
+    write_cifar(tmp_path, "cifar10", monkeypatch)
     model = build_model("cifar10-cnn-bn", 10, 0, (3, 32, 32))
     bn = local_names(model)
     seeded = {k: v.numpy() for k, v in model.state_dict().items() if k in bn}

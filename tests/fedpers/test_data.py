@@ -134,14 +134,14 @@ def test_femnist_keeps_letters_a_to_j(tmp_path: Path) -> None:
     assert len(dataset.y_train) == sum(1 for i in range(60) if i % 26 < 10)
 
 
-@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
-def test_cifar_loaders_read_torchvision_pickles(
-    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def write_cifar(root: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small CIFAR-10 or CIFAR-100 files in torchvision's format under ``root`` (12
+    random images a file, labels 0, 1, ... modulo the classes); only torchvision's MD5
+    check against the real archive is bypassed."""
     import torchvision
 
     generator = np.random.default_rng(0)
-    folder = tmp_path / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
+    folder = root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
     folder.mkdir()
     key = "labels" if name == "cifar10" else "fine_labels"
     classes = 10 if name == "cifar10" else 100
@@ -153,16 +153,21 @@ def test_cifar_loaders_read_torchvision_pickles(
     for file in files:
         batch = {
             "data": generator.integers(0, 256, (12, 3072), dtype=np.uint8),
-            key: list(range(12)),
+            key: [i % classes for i in range(12)],
         }
         (folder / file).write_bytes(pickle.dumps(batch))
     meta_file, meta_key = (
         ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
     )
     (folder / meta_file).write_bytes(pickle.dumps({meta_key: [str(i) for i in range(classes)]}))
-    # The files are in torchvision's format; only its MD5 check against the real
-    # archive is bypassed.
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_loaders_read_torchvision_pickles(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_cifar(tmp_path, name, monkeypatch)
     dataset = load_dataset(name, root=str(tmp_path), seed=0, train_size=0)
     train_batches = 5 if name == "cifar10" else 1
     assert dataset.x_train.shape == (12 * train_batches, 3, 32, 32)
